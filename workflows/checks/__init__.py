@@ -1,0 +1,1 @@
+"""Checks run before anything reaches a cluster: cross-layer lint rules and pinned-schema validation."""
