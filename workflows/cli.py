@@ -1,0 +1,145 @@
+"""`pdops`: one entry point for people, CI and the Argo steps. Thin: parses, calls steps, prints."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from workflows.errors import InputError
+
+EPILOG = """\
+The flow of a release, one command per stage:
+  pdops render overlays/local          the full manifest, serve config in spec.serveConfigV2
+  pdops check overlays/prod            what is wrong, before anything reaches a cluster
+  pdops check -f rendered.yaml --json  the same for an already rendered manifest, for machines
+  pdops build-config overlays/dev      the Ray Serve LLM application config alone
+
+Exit codes: 0 ok, 1 findings / verdict rollback, 2 bad input or usage.
+Settings: PDOPS_SCHEMA_DIR (pinned CRD/JSON schemas; default ../shared/schemas).
+"""
+
+
+def _schema_dir(args: argparse.Namespace) -> Path:
+    from workflows.checks.schema import schema_dir_from_env
+
+    return Path(args.schema_dir) if args.schema_dir else schema_dir_from_env()
+
+
+def _print_findings(findings, stream) -> None:
+    for f in findings:
+        print(f.render(), file=stream)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from workflows.steps import blocking, check_rendered, load_release
+
+    rendered = load_release(args.overlay, None)
+    findings = check_rendered(rendered, _schema_dir(args))
+    if blocking(findings):
+        _print_findings(findings, sys.stderr)
+        print(f"render: {len(blocking(findings))} finding(s); nothing written", file=sys.stderr)
+        return 1
+    text = rendered.text()
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output} ({len(rendered.objects)} objects)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from workflows.steps import blocking, check_rendered, load_release
+
+    started = time.perf_counter()
+    rendered = load_release(args.overlay, args.file)
+    findings = check_rendered(rendered, _schema_dir(args))
+    errors = blocking(findings)
+    if args.json:
+        json.dump({"source": rendered.file, "clean": not errors, "findings": [f.to_dict() for f in findings]},
+                  sys.stdout, indent=2)
+        print()
+    else:
+        _print_findings(findings, sys.stdout)
+        took = time.perf_counter() - started
+        verdict = "clean" if not errors else f"{len(errors)} error(s)"
+        print(f"{rendered.file}: {len(rendered.objects)} objects checked, {verdict} ({took:.1f}s)")
+    return 1 if errors else 0
+
+
+def cmd_build_config(args: argparse.Namespace) -> int:
+    from workflows.manifest import dump_yaml
+    from workflows.steps import build_config
+
+    config = build_config(Path(args.overlay))
+    sys.stdout.write(json.dumps(config, indent=2) + "\n" if args.json else dump_yaml(config))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from workflows.doctor import diagnose
+
+    problems = 0
+    for name, ok, detail in diagnose():
+        problems += not ok
+        if not (args.quiet and ok):
+            print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
+    return 1 if problems else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdops", description="Prove every disaggregated prefill/decode release before users see it.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def schema_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--schema-dir", help="folder of pinned schemas (default: $PDOPS_SCHEMA_DIR or ../shared/schemas)")
+
+    p = sub.add_parser("render", help="overlay -> deployable multi-document YAML (checked first)")
+    p.add_argument("overlay", help="overlay directory, e.g. overlays/local")
+    p.add_argument("-o", "--output", help="write to FILE instead of stdout")
+    schema_flag(p)
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("check", help="cross-layer lint + pinned-schema validation; exit 0 only when clean")
+    p.add_argument("overlay", nargs="?", help="overlay directory (or a rendered manifest file)")
+    p.add_argument("-f", "--file", help="a rendered manifest file, '-' for stdin")
+    p.add_argument("--json", action="store_true", help="machine-readable findings on stdout")
+    schema_flag(p)
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("build-config", help="the Ray Serve LLM application (serveConfigV2) of an overlay")
+    p.add_argument("overlay")
+    p.add_argument("--json", action="store_true", help="JSON instead of YAML")
+    p.set_defaults(func=cmd_build_config)
+
+    p = sub.add_parser("doctor", help="say what of the installation is missing and why")
+    p.add_argument("--quiet", action="store_true", help="print only problems")
+    p.set_defaults(func=cmd_doctor)
+
+    import importlib
+    import importlib.util
+
+    for module in ("validation.cli", "workflows.argo"):  # commands owned by those modules
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

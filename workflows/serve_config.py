@@ -1,0 +1,116 @@
+"""ReleaseSpec -> the Ray Serve LLM prefill/decode application that lands in spec.serveConfigV2.
+
+This module is the only place that knows the serve-config shape; it is checked by Ray's own
+Pydantic models (PDServingArgs / LLMConfig from the installed `ray`), never by a copy of them.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from workflows.errors import InputError
+from workflows.spec import Phase, ReleaseSpec
+
+IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"
+PHASES = ("prefill", "decode")
+KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# Custom Ray resource each worker group advertises (rayStartParams.resources) and each engine
+# worker's placement bundle asks for: this is what pins a phase to its own node group.
+PHASE_RESOURCE = {"prefill": "prefill_node", "decode": "decode_node"}
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _deployment_config(phase: Phase) -> dict[str, Any]:
+    config: dict[str, Any] = {"max_ongoing_requests": phase.max_ongoing_requests}
+    if phase.autoscaling:
+        config["autoscaling_config"] = {
+            "min_replicas": phase.autoscaling.min_replicas,
+            "max_replicas": phase.autoscaling.max_replicas,
+            "target_ongoing_requests": phase.autoscaling.target_ongoing_requests,
+        }
+    else:
+        config["num_replicas"] = phase.replicas
+    return config
+
+
+def llm_config(spec: ReleaseSpec, name: str) -> dict[str, Any]:
+    """One phase's LLMConfig as plain data (what serveConfigV2 holds)."""
+    phase: Phase = getattr(spec, name)
+    device = "CPU" if spec.accelerator.kind == "cpu" else "GPU"
+    kv = spec.kv_transfer
+    engine: dict[str, Any] = {
+        "tensor_parallel_size": phase.tensor_parallel_size,
+        "kv_transfer_config": {
+            "kv_connector": kv.connector,
+            "kv_role": KV_ROLE[name],
+            "kv_buffer_device": kv.buffer_device,
+            "kv_connector_extra_config": {"backends": list(kv.backends)},
+        },
+    }
+    if spec.model.max_model_len:
+        engine["max_model_len"] = spec.model.max_model_len
+    if spec.accelerator.kind == "cpu":
+        engine["enforce_eager"] = True  # torch.compile warm-up costs about a minute on small CPUs
+    config: dict[str, Any] = {
+        "model_loading_config": {"model_id": spec.model.id, "model_source": spec.model.source},
+        "engine_kwargs": _merge(engine, phase.engine_kwargs),
+        "accelerator_config": {"kind": spec.accelerator.kind},
+        "placement_group_config": {
+            "bundle_per_worker": {device: 1, PHASE_RESOURCE[name]: 1},
+            "strategy": "STRICT_PACK",
+        },
+        "deployment_config": _deployment_config(phase),
+        "log_engine_metrics": True,
+    }
+    if spec.accelerator.kind == "gpu" and spec.accelerator.type:
+        config["accelerator_type"] = spec.accelerator.type
+    if phase.env:
+        config["runtime_env"] = {"env_vars": dict(sorted(phase.env.items()))}
+    if name == "decode" and spec.prewarm:
+        config["experimental_configs"] = {"_prewarm_prefill_decode": True}
+    return config
+
+
+def build_serve_config(spec: ReleaseSpec) -> dict[str, Any]:
+    """The serveConfigV2 document: one P/D application served at the root route."""
+    return {
+        "applications": [{
+            "name": spec.name,
+            "route_prefix": "/",
+            "import_path": IMPORT_PATH,
+            "args": {name + "_config": llm_config(spec, name) for name in PHASES},
+        }]
+    }
+
+
+def app_args(serve_config: dict[str, Any]) -> dict[str, Any]:
+    """The PDServingArgs of the (single) P/D application in a serve config."""
+    apps = serve_config.get("applications") or []
+    pd = [a for a in apps if a.get("import_path") == IMPORT_PATH]
+    return pd[0].get("args", {}) if pd else {}
+
+
+def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
+    """Run Ray's own PDServingArgs validation; raise InputError naming the field on failure."""
+    from pydantic import ValidationError
+    from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
+
+    try:
+        PDServingArgs.model_validate(copy.deepcopy(app_args(serve_config)))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = "serveConfigV2.applications[0].args." + ".".join(str(p) for p in err["loc"])
+        raise InputError(file, field, f"rejected by Ray Serve LLM's PDServingArgs: {err['msg']}",
+                         "fix the release spec field that produces it (README: Release spec)") from None
+    except (ValueError, TypeError) as exc:
+        raise InputError(file, "serveConfigV2.applications[0].args",
+                         f"rejected by Ray Serve LLM's PDServingArgs: {exc}") from None
