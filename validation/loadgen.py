@@ -1,0 +1,298 @@
+"""Streaming load generator: aiohttp + uvloop, timestamps taken at socket read, SSE parsed after.
+
+Each request keeps raw (perf_counter, bytes) reads; `parse_record` turns them into timings:
+scheduled send, actual send, first byte, first SSE event, first non-empty content (TTFT),
+every content chunk, last chunk, server usage. Closed loop (fixed concurrency) or open loop
+(constant / Poisson rate; latency also measured from the scheduled send). Warm-up requests are
+excluded. The client watches its own event-loop lag and CPU and flags `client_bottleneck`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import aiohttp
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover
+    psutil = None
+
+LAG_P99_LIMIT_MS = 10.0
+CPU_LIMIT_PCT = 90.0
+READ_BUFSIZE = 4 * 1024 * 1024
+
+
+@dataclass
+class RawRecord:
+    index: int
+    warmup: bool
+    scheduled: float | None
+    sent: float = 0.0
+    status: int | None = None
+    reads: list[tuple[float, bytes]] = field(default_factory=list)
+    done: float | None = None
+    error: str | None = None
+    expected_output_tokens: int | None = None
+    expected_prompt_tokens: int | None = None
+
+
+def parse_record(raw: RawRecord, t0: float = 0.0) -> dict:
+    """Timings in seconds relative to t0 plus parsed content; pure function of the raw reads."""
+    rec: dict[str, Any] = {
+        "index": raw.index, "warmup": raw.warmup, "status": raw.status, "error": raw.error,
+        "scheduled": None if raw.scheduled is None else raw.scheduled - t0,
+        "sent": raw.sent - t0, "first_byte": None, "first_event": None, "first_content": None,
+        "chunk_times": [], "chunk_chars": [], "last_chunk": None, "done": None if raw.done is None else raw.done - t0,
+        "usage": None, "finish_reason": None, "saw_done": False, "text": "",
+        "expected_output_tokens": raw.expected_output_tokens,
+        "expected_prompt_tokens": raw.expected_prompt_tokens,
+    }
+    if raw.reads:
+        rec["first_byte"] = raw.reads[0][0] - t0
+    buf = b""
+    text_parts = []
+    for t, data in raw.reads:
+        buf += data
+        while True:
+            # SSE events are separated by a blank line (\n\n or \r\n\r\n)
+            i = buf.find(b"\n\n")
+            j = buf.find(b"\r\n\r\n")
+            if i < 0 and j < 0:
+                break
+            if j >= 0 and (i < 0 or j < i):
+                ev, buf = buf[:j], buf[j + 4:]
+            else:
+                ev, buf = buf[:i], buf[i + 2:]
+            payload = b"".join(line[5:].lstrip() for line in ev.splitlines() if line.startswith(b"data:"))
+            if not payload:
+                continue
+            if rec["first_event"] is None:
+                rec["first_event"] = t - t0
+            if payload.strip() == b"[DONE]":
+                rec["saw_done"] = True
+                continue
+            try:
+                d = json.loads(payload)
+            except ValueError:
+                rec["error"] = rec["error"] or "bad SSE json"
+                continue
+            if isinstance(d, dict) and "error" in d:
+                rec["error"] = rec["error"] or f"stream error: {str(d['error'])[:200]}"
+            if d.get("usage"):
+                rec["usage"] = d["usage"]
+            content = ""
+            for c in d.get("choices") or []:
+                delta = c.get("delta")
+                if delta is not None:
+                    content += (delta.get("content") or "") + (delta.get("reasoning_content") or "") + \
+                        (delta.get("reasoning") or "")
+                else:
+                    content += c.get("text") or ""
+                if c.get("finish_reason"):
+                    rec["finish_reason"] = c["finish_reason"]
+            rec["last_chunk"] = t - t0
+            if content:
+                if rec["first_content"] is None:
+                    rec["first_content"] = t - t0
+                rec["chunk_times"].append(t - t0)
+                rec["chunk_chars"].append(len(content))
+                text_parts.append(content)
+    rec["text"] = "".join(text_parts)
+    if rec["error"] is None and raw.status == 200 and rec["first_content"] is None:
+        rec["error"] = "no content"
+    return rec
+
+
+class HealthSampler:
+    """Samples event-loop lag (every interval) and process CPU% during the run."""
+
+    def __init__(self, interval: float = 0.005):
+        self.interval = interval
+        self.lags_ms: list[float] = []
+        self.cpu: list[float] = []
+        self._task: asyncio.Task | None = None
+        self._proc = psutil.Process() if psutil else None
+
+    async def _run(self) -> None:
+        if self._proc:
+            self._proc.cpu_percent(None)
+        last_cpu = time.perf_counter()
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(self.interval)
+            self.lags_ms.append(max(0.0, (time.perf_counter() - t - self.interval) * 1000))
+            if self._proc and time.perf_counter() - last_cpu > 0.5:
+                self.cpu.append(self._proc.cpu_percent(None))
+                last_cpu = time.perf_counter()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> dict:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._proc:
+            self.cpu.append(self._proc.cpu_percent(None))
+        return summarize_health(self.lags_ms, self.cpu)
+
+
+def summarize_health(lags_ms: list[float], cpu: list[float]) -> dict:
+    lags = sorted(lags_ms)
+
+    def q(p):
+        if not lags:
+            return 0.0
+        return lags[min(len(lags) - 1, int(round(p / 100 * (len(lags) - 1))))]
+
+    lag_p99 = q(99)
+    cpu_max = max(cpu) if cpu else 0.0
+    cpu_mean = sum(cpu) / len(cpu) if cpu else 0.0
+    reasons = []
+    if lag_p99 > LAG_P99_LIMIT_MS:
+        reasons.append(f"event-loop lag p99 {lag_p99:.1f} ms > {LAG_P99_LIMIT_MS} ms")
+    if cpu_mean > CPU_LIMIT_PCT:
+        reasons.append(f"client CPU mean {cpu_mean:.0f}% > {CPU_LIMIT_PCT}%")
+    return {"loop_lag_ms": {"p50": q(50), "p99": lag_p99, "max": lags[-1] if lags else 0.0,
+                            "samples": len(lags)},
+            "cpu_percent": {"mean": cpu_mean, "max": cpu_max, "samples": len(cpu)},
+            "client_bottleneck": bool(reasons), "reasons": reasons}
+
+
+@dataclass
+class LoadSpec:
+    base_url: str
+    model: str
+    make_request: Callable[[int], dict]   # index -> {"prompt"/"messages", "max_tokens", ...}
+    endpoint: str = "chat"                # "chat" | "completions"
+    concurrency: int | None = 1
+    rate: float | None = None
+    poisson: bool = False
+    requests: int | None = 16
+    duration: float | None = None
+    warmup: int = 0
+    api_key: str | None = None
+    timeout: float = 600.0
+    seed: int = 0
+    progress: bool = False
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: dict, raw: RawRecord,
+               headers: dict) -> None:
+    payload = json.dumps(body).encode()
+    raw.sent = time.perf_counter()
+    try:
+        async with session.post(url, data=payload, headers=headers) as resp:
+            raw.status = resp.status
+            content = resp.content
+            while True:
+                data = await content.readany()
+                if not data:
+                    break
+                raw.reads.append((time.perf_counter(), data))
+            if resp.status != 200:
+                raw.error = f"HTTP {resp.status}: " + b"".join(d for _, d in raw.reads)[:300].decode("utf-8", "replace")
+    except Exception as e:  # noqa: BLE001 - every failure is recorded, never raised
+        raw.error = f"{type(e).__name__}: {e}"
+    raw.done = time.perf_counter()
+
+
+def _body(spec: LoadSpec, req: dict) -> dict:
+    body = {"model": spec.model, "stream": True, "stream_options": {"include_usage": True}}
+    body.update({k: v for k, v in req.items() if not k.startswith("_")})
+    return body
+
+
+async def run_load(spec: LoadSpec) -> dict:
+    """Run the load; returns {"records": [...parsed...], "client_health": {...}, "wall_s", ...}."""
+    url = spec.base_url.rstrip("/") + ("/chat/completions" if spec.endpoint == "chat" else "/completions")
+    headers = {"Content-Type": "application/json"}
+    if spec.api_key:
+        headers["Authorization"] = f"Bearer {spec.api_key}"
+    conn_limit = max(spec.concurrency or 0, 1024 if spec.rate else 0) or 1024
+    connector = aiohttp.TCPConnector(limit=conn_limit, force_close=False, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=spec.timeout, sock_read=spec.timeout)
+    raws: list[RawRecord] = []
+    rng = random.Random(spec.seed)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE,
+                                     auto_decompress=False) as session:
+        # warm-up: sequential, excluded from results
+        for i in range(spec.warmup):
+            req = spec.make_request(-1 - i)
+            r = RawRecord(index=-1 - i, warmup=True, scheduled=None)
+            await _one(session, url, _body(spec, req), r, headers)
+        health = HealthSampler()
+        health.start()
+        t_start = time.perf_counter()
+        deadline = None if spec.duration is None else t_start + spec.duration
+        limit = spec.requests
+        counter = 0
+
+        def next_index() -> int | None:
+            nonlocal counter
+            if limit is not None and counter >= limit:
+                return None
+            if deadline is not None and time.perf_counter() >= deadline:
+                return None
+            counter += 1
+            return counter - 1
+
+        def new_raw(i: int, scheduled: float | None) -> tuple[RawRecord, dict]:
+            req = spec.make_request(i)
+            r = RawRecord(index=i, warmup=False, scheduled=scheduled,
+                          expected_output_tokens=req.get("max_tokens"),
+                          expected_prompt_tokens=req.get("_prompt_tokens"))
+            raws.append(r)
+            return r, req
+
+        if spec.rate:
+            tasks = []
+            t_next = t_start
+            while True:
+                i = next_index()
+                if i is None:
+                    break
+                delay = t_next - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+                r, req = new_raw(i, t_next)
+                tasks.append(asyncio.ensure_future(_one(session, url, _body(spec, req), r, headers)))
+                gap = rng.expovariate(spec.rate) if spec.poisson else 1.0 / spec.rate
+                t_next += gap
+            if tasks:
+                await asyncio.gather(*tasks)
+        else:
+            async def worker() -> None:
+                while True:
+                    i = next_index()
+                    if i is None:
+                        return
+                    r, req = new_raw(i, None)
+                    await _one(session, url, _body(spec, req), r, headers)
+                    if spec.progress and len(raws) % 50 == 0:
+                        print(f"[bench] {len(raws)} requests issued", file=sys.stderr)
+            await asyncio.gather(*(worker() for _ in range(spec.concurrency or 1)))
+        t_end = time.perf_counter()
+        client_health = await health.stop()
+    records = [parse_record(r, t_start) for r in raws]
+    return {"records": records, "client_health": client_health, "wall_s": t_end - t_start,
+            "mode": "open" if spec.rate else "closed"}
+
+
+def run(spec: LoadSpec) -> dict:
+    try:
+        import uvloop
+        return uvloop.run(run_load(spec))
+    except ImportError:  # pragma: no cover
+        return asyncio.run(run_load(spec))

@@ -1,0 +1,111 @@
+"""Latency metrics from parsed records (validation.loadgen.parse_record). All outputs in ms.
+
+TTFT ends at the first non-empty content chunk. ITL = gaps between content chunks, pooled.
+TPOT = (e2e - TTFT) / (output_tokens - 1) per request, output tokens from the server's usage.
+Goodput (DistServe) = requests/s meeting the TTFT and TPOT SLOs together.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+PCTS = (50, 90, 95, 99)
+
+
+def percentile(sorted_vals: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_vals:
+        return float("nan")
+    k = (len(sorted_vals) - 1) * p / 100.0
+    f = math.floor(k)
+    c = min(f + 1, len(sorted_vals) - 1)
+    return sorted_vals[f] + (sorted_vals[c] - sorted_vals[f]) * (k - f)
+
+
+def summary(vals: Iterable[float]) -> dict:
+    v = sorted(x for x in vals if x is not None and not math.isnan(x))
+    if not v:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p95": None, "p99": None, "max": None}
+    out = {"count": len(v), "mean": sum(v) / len(v)}
+    for p in PCTS:
+        out[f"p{p}"] = percentile(v, p)
+    out["max"] = v[-1]
+    return out
+
+
+def output_tokens(rec: dict) -> int | None:
+    u = rec.get("usage") or {}
+    ct = u.get("completion_tokens")
+    return ct if isinstance(ct, int) else None
+
+
+def per_request(rec: dict, from_scheduled: bool = False) -> dict:
+    """ms timings of one successful record; origin is actual send (or scheduled send)."""
+    origin = rec["scheduled"] if (from_scheduled and rec.get("scheduled") is not None) else rec["sent"]
+    ttft = (rec["first_content"] - origin) * 1000 if rec.get("first_content") is not None else None
+    end = rec.get("last_chunk") or rec.get("done")
+    e2e = (end - origin) * 1000 if end is not None else None
+    ntok = output_tokens(rec)
+    tpot = None
+    if ttft is not None and e2e is not None and ntok and ntok > 1:
+        tpot = (e2e - ttft) / (ntok - 1)
+    ct = rec.get("chunk_times") or []
+    itl = [(b - a) * 1000 for a, b in zip(ct, ct[1:])]
+    return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": itl, "tokens": ntok, "chunks": len(ct)}
+
+
+def is_ok(rec: dict) -> bool:
+    return rec.get("error") is None and rec.get("status") == 200 and rec.get("first_content") is not None
+
+
+def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = None,
+            goodput_tpot_ms: float | None = None, open_loop: bool = False) -> dict:
+    recs = [r for r in records if not r.get("warmup")]
+    ok = [r for r in recs if is_ok(r)]
+    errs = [r for r in recs if not is_ok(r)]
+    pr = [per_request(r) for r in ok]
+    itl = [g for p in pr for g in p["itl"]]
+    tokens = [p["tokens"] for p in pr if p["tokens"] is not None]
+    tok_per_chunk = [p["tokens"] / p["chunks"] for p in pr if p["tokens"] and p["chunks"]]
+    out = {
+        "requests_total": len(recs),
+        "requests_ok": len(ok),
+        "errors": len(errs),
+        "error_rate": (len(errs) / len(recs)) if recs else 0.0,
+        "error_samples": sorted({(r.get("error") or f"status {r.get('status')}")[:200] for r in errs})[:5],
+        "wall_s": wall_s,
+        "ttft_ms": summary(p["ttft"] for p in pr),
+        "itl_ms": summary(itl),
+        "tpot_ms": summary(p["tpot"] for p in pr),
+        "e2e_ms": summary(p["e2e"] for p in pr),
+        "tokens_per_chunk": summary(tok_per_chunk),
+        "output_tokens": summary(tokens),
+        "requests_missing_usage": sum(1 for p in pr if p["tokens"] is None),
+        "request_throughput_rps": len(ok) / wall_s if wall_s > 0 else 0.0,
+        "output_token_throughput_tps": sum(tokens) / wall_s if wall_s > 0 else 0.0,
+    }
+    if open_loop:
+        prs = [per_request(r, from_scheduled=True) for r in ok]
+        out["ttft_from_scheduled_ms"] = summary(p["ttft"] for p in prs)
+        out["e2e_from_scheduled_ms"] = summary(p["e2e"] for p in prs)
+    # goodput: both SLOs together; a missing SLO counts as met; open loop uses scheduled origin
+    src = [per_request(r, from_scheduled=open_loop) for r in ok]
+    good = 0
+    for p in src:
+        t_ok = goodput_ttft_ms is None or (p["ttft"] is not None and p["ttft"] <= goodput_ttft_ms)
+        # a 1-token response has no TPOT: it meets the TPOT SLO vacuously
+        d_ok = goodput_tpot_ms is None or p["tpot"] is None or p["tpot"] <= goodput_tpot_ms
+        good += t_ok and d_ok
+    out["goodput_requests"] = good
+    out["goodput_rps"] = good / wall_s if wall_s > 0 else 0.0
+    out["slo_attainment"] = good / len(recs) if recs else 0.0
+    out["goodput_slo"] = {"ttft_ms": goodput_ttft_ms, "tpot_ms": goodput_tpot_ms}
+    return out
+
+
+def samples(records: list[dict]) -> dict:
+    """Raw per-request samples (ms) for plots."""
+    pr = [per_request(r) for r in records if not r.get("warmup") and is_ok(r)]
+    return {"ttft": [p["ttft"] for p in pr if p["ttft"] is not None],
+            "tpot": [p["tpot"] for p in pr if p["tpot"] is not None],
+            "itl": [g for p in pr for g in p["itl"]]}
