@@ -1,0 +1,115 @@
+"""Argo Events: a GitHub push webhook (HMAC-verified with a Secret reference) and a Sensor that
+submits `pd-release` for the one environment whose overlay changed on main.
+
+Plain dicts on purpose: Hera's Events models dump an inline Workflow trigger resource as `{}`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from workflows.argo import ENVIRONMENTS, WORKFLOW_NAMESPACE
+
+EVENT_SOURCE = "pdops-github"
+EVENT_NAME = "push"
+SENSOR = "pdops-release"
+SENSOR_SERVICE_ACCOUNT = "pd-release-sensor"
+WEBHOOK_SECRET = {"name": "pdops-github-webhook", "key": "secret"}   # created out of band, never committed
+REPO_OWNER = "pdops"
+REPO_NAME = "pdops"
+WEBHOOK_URL = "https://argo-events.pdops.example.com"  # public URL GitHub posts to (set per installation)
+BRANCH_REF = "refs/heads/main"
+
+
+def event_source() -> dict[str, Any]:
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "EventSource",
+        "metadata": {"name": EVENT_SOURCE, "namespace": WORKFLOW_NAMESPACE,
+                     "labels": {"app.kubernetes.io/part-of": "pdops"}},
+        "spec": {
+            "service": {"ports": [{"port": 12000, "targetPort": 12000}]},
+            "github": {
+                EVENT_NAME: {
+                    "repositories": [{"owner": REPO_OWNER, "names": [REPO_NAME]}],
+                    "events": ["push"],
+                    "contentType": "json",
+                    "active": True,
+                    "insecure": False,
+                    # GitHub signs each delivery (X-Hub-Signature-256, HMAC-SHA256) with this secret;
+                    # the event source rejects unsigned or wrongly signed deliveries.
+                    "webhookSecret": dict(WEBHOOK_SECRET),
+                    "webhook": {"endpoint": "/push", "port": "12000", "method": "POST", "url": WEBHOOK_URL},
+                }
+            },
+        },
+    }
+
+
+def _paths_filter(env: str) -> dict[str, Any]:
+    # gjson: every added/modified/removed path of every commit; the data filter matches the JSON text
+    return {"path": "[body.commits.#.added,body.commits.#.modified,body.commits.#.removed]|@flatten:{\"deep\":true}",
+            "type": "string", "value": [f'.*"overlays/{env}/.*']}
+
+
+def dependency(env: str) -> dict[str, Any]:
+    return {
+        "name": f"push-{env}",
+        "eventSourceName": EVENT_SOURCE,
+        "eventName": EVENT_NAME,
+        "filters": {
+            "dataLogicalOperator": "and",
+            "data": [
+                {"path": "body.ref", "type": "string", "value": [BRANCH_REF]},
+                {"path": "headers.X-Github-Event", "type": "string", "value": ["push"]},
+                _paths_filter(env),
+            ],
+        },
+    }
+
+
+def trigger(env: str) -> dict[str, Any]:
+    workflow = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"generateName": f"pd-release-{env}-", "namespace": WORKFLOW_NAMESPACE,
+                     "labels": {"app.kubernetes.io/part-of": "pdops", "pdops/environment": env,
+                                "pdops/trigger": "github-push"}},
+        "spec": {
+            "workflowTemplateRef": {"name": "pd-release"},
+            "arguments": {"parameters": [
+                {"name": "environment", "value": env},
+                {"name": "revision", "value": "main"},   # replaced by the pushed sha (body.after)
+            ]},
+        },
+    }
+    return {
+        "template": {
+            "name": f"release-{env}",
+            "conditions": f"push-{env}",
+            "argoWorkflow": {
+                "operation": "submit",
+                "source": {"resource": workflow},
+                "parameters": [{"src": {"dependencyName": f"push-{env}", "dataKey": "body.after"},
+                                "dest": "spec.arguments.parameters.1.value"}],
+            },
+        },
+        "retryStrategy": {"steps": 3, "duration": "10s", "factor": 2},
+    }
+
+
+def sensor() -> dict[str, Any]:
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Sensor",
+        "metadata": {"name": SENSOR, "namespace": WORKFLOW_NAMESPACE,
+                     "labels": {"app.kubernetes.io/part-of": "pdops"}},
+        "spec": {
+            "template": {"serviceAccountName": SENSOR_SERVICE_ACCOUNT},
+            "dependencies": [dependency(env) for env in ENVIRONMENTS],
+            "triggers": [trigger(env) for env in ENVIRONMENTS],
+        },
+    }
+
+
+def objects() -> list[dict[str, Any]]:
+    return [event_source(), sensor()]

@@ -1,0 +1,61 @@
+"""RBAC of the pipeline: namespaced only, least privilege.
+
+- ServiceAccount `pd-release` (workflow namespace) runs every pd-release / pd-canary step.
+- Role `pd-release` in each environment namespace: what rollout/promote/rollback/compat/bench need.
+- Role `pd-release-executor` in the workflow namespace: what the Argo executor needs to report
+  step outputs (workflowtaskresults), nothing else.
+- ServiceAccount + Role `pd-release-sensor`: the Argo Events sensor may create Workflows, nothing else.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from workflows.argo import ENV_NAMESPACES, SERVICE_ACCOUNT, WORKFLOW_NAMESPACE
+
+SENSOR_SERVICE_ACCOUNT = "pd-release-sensor"
+
+RELEASE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["ray.io"], "resources": ["rayservices"],
+     "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayservices/status"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "patch", "create"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "patch", "update"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+]
+EXECUTOR_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
+]
+SENSOR_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["create"]},
+]
+LABELS = {"app.kubernetes.io/part-of": "pdops"}
+
+
+def _sa(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": name, "namespace": WORKFLOW_NAMESPACE, "labels": dict(LABELS)}}
+
+
+def _role(name: str, namespace: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(LABELS)},
+            "rules": [dict(r) for r in rules]}
+
+
+def _binding(name: str, namespace: str, sa: str) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(LABELS)},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": WORKFLOW_NAMESPACE}]}
+
+
+def objects() -> list[dict[str, Any]]:
+    out = [_sa(SERVICE_ACCOUNT)]
+    for ns in ENV_NAMESPACES.values():
+        out += [_role(SERVICE_ACCOUNT, ns, RELEASE_RULES), _binding(SERVICE_ACCOUNT, ns, SERVICE_ACCOUNT)]
+    out += [_role("pd-release-executor", WORKFLOW_NAMESPACE, EXECUTOR_RULES),
+            _binding("pd-release-executor", WORKFLOW_NAMESPACE, SERVICE_ACCOUNT)]
+    out += [_sa(SENSOR_SERVICE_ACCOUNT), _role(SENSOR_SERVICE_ACCOUNT, WORKFLOW_NAMESPACE, SENSOR_RULES),
+            _binding(SENSOR_SERVICE_ACCOUNT, WORKFLOW_NAMESPACE, SENSOR_SERVICE_ACCOUNT)]
+    return out
