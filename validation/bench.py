@@ -1,0 +1,51 @@
+"""One benchmark run: profile -> load -> metrics + client health + server-side diff -> JSON dict."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from validation import loadgen, metrics, profiles, server_metrics
+
+
+def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency: int | None = None,
+              rate: float | None = None, poisson: bool = False, requests: int | None = None,
+              duration: float | None = None, warmup: int = 0, metrics_url: str | None = None,
+              api_key: str | None = None, endpoint: str = "chat", goodput_ttft_ms: float | None = None,
+              goodput_tpot_ms: float | None = None, seed: int = 0, keep_samples: bool = True,
+              progress: Callable[[str], None] | None = None) -> dict:
+    if requests is None and duration is None:
+        raise ValueError("need requests or duration")
+    if (concurrency is None) == (rate is None):
+        raise ValueError("need exactly one of concurrency or rate")
+    spec = loadgen.LoadSpec(base_url=base_url, model=model,
+                            make_request=profiles.request_factory(profile, seed, endpoint), endpoint=endpoint,
+                            concurrency=concurrency, rate=rate, poisson=poisson, requests=requests,
+                            duration=duration, warmup=warmup, api_key=api_key, seed=seed,
+                            progress=progress is not None)
+    scraper = server_metrics.Scraper(metrics_url)
+    if progress:
+        progress(f"[bench] {profile.name}: {'c=' + str(concurrency) if concurrency else f'rate={rate}/s'} "
+                 f"requests={requests} duration={duration} warmup={warmup}")
+    started = time.time()
+    scraper.before()
+    res = loadgen.run(spec)
+    server = scraper.after()
+    m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms, open_loop=bool(rate))
+    out = {
+        "kind": "bench", "base_url": base_url, "model": model, "profile": profile.name,
+        "profile_spec": {"prompt_tokens": profile.prompt_tokens, "output_tokens": profile.output_tokens,
+                         "distribution": profile.distribution, "spread": profile.spread},
+        "load": {"mode": res["mode"], "concurrency": concurrency, "rate": rate, "poisson": poisson,
+                 "requests": requests, "duration_s": duration, "warmup": warmup},
+        "started_unix": started,
+        **m,
+        "client_health": res["client_health"],
+        "lengths": profiles.verify_lengths(res["records"]),
+        "server": server,
+    }
+    if keep_samples:
+        out["samples"] = metrics.samples(res["records"])
+    if progress:
+        t = m["ttft_ms"]
+        progress(f"[bench] done: ok={m['requests_ok']} errors={m['errors']} TTFT p50={t['p50']} p99={t['p99']}")
+    return out

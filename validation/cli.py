@@ -1,0 +1,182 @@
+"""`pdops compat`, `pdops bench`, `pdops gate`: registered into the main CLI by register(sub)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _write_json(path: str | None, data: dict) -> None:
+    if path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(data, indent=2, default=str))
+        _err(f"wrote {p}")
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+# ---- compat ---------------------------------------------------------------------------------
+def cmd_compat(args) -> int:
+    from validation import compat
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and not api_key:
+        _err(f"warning: ${args.api_key_env} is empty")
+    optional = [s for s in (args.optional or "").split(",") if s]
+    unknown = [o for o in optional if o not in compat.CASES]
+    if unknown:
+        _err(f"unknown compat case(s): {', '.join(unknown)}; known: {', '.join(compat.CASES)}")
+        return 2
+    only = [s for s in (args.only or "").split(",") if s] or None
+    res = compat.run(args.base_url, args.model, api_key=api_key, optional=optional,
+                     api_key_required=args.api_key_required or bool(api_key), only=only, progress=_err)
+    print(compat.table(res))
+    _write_json(args.json, res)
+    return 0 if res["ok"] else 1
+
+
+# ---- bench ----------------------------------------------------------------------------------
+def cmd_bench(args) -> int:
+    from validation import profiles
+    from validation.bench import run_bench
+    if args.profile:
+        try:
+            prof = profiles.get(args.profile)
+        except KeyError as e:
+            _err(str(e.args[0]))
+            return 2
+    elif args.prompt_tokens and args.output_tokens:
+        prof = profiles.custom(args.prompt_tokens, args.output_tokens)
+    else:
+        _err("need --profile or both --prompt-tokens and --output-tokens")
+        return 2
+    if args.requests is None and args.duration is None:
+        args.requests = 32
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    res = run_bench(args.base_url, args.model, prof, concurrency=args.concurrency, rate=args.rate,
+                    poisson=args.poisson, requests=args.requests, duration=args.duration, warmup=args.warmup,
+                    metrics_url=args.metrics_url, api_key=api_key, endpoint=args.endpoint,
+                    goodput_ttft_ms=args.goodput_ttft_ms, goodput_tpot_ms=args.goodput_tpot_ms,
+                    seed=args.seed, progress=_err)
+    print(f"profile {res['profile']}  load {res['load']['mode']} "
+          f"{'c=' + str(args.concurrency) if args.concurrency else f'rate={args.rate}/s'}  "
+          f"ok {res['requests_ok']}  errors {res['errors']}  wall {res['wall_s']:.1f}s")
+    print(f"{'metric':8} {'mean':>8} {'p50':>8} {'p90':>8} {'p95':>8} {'p99':>8} {'max':>8}  (ms)")
+    for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        s = res[k]
+        print(f"{k[:-3]:8} " + " ".join(f"{_fmt(s[q]):>8}" for q in ("mean", "p50", "p90", "p95", "p99", "max")))
+    print(f"throughput {res['request_throughput_rps']:.2f} req/s, {res['output_token_throughput_tps']:.1f} tok/s; "
+          f"goodput {res['goodput_rps']:.2f} req/s (attainment {res['slo_attainment']:.1%})")
+    ch = res["client_health"]
+    print(f"client: loop lag p99 {ch['loop_lag_ms']['p99']:.1f} ms, CPU mean {ch['cpu_percent']['mean']:.0f}%"
+          + ("  CLIENT BOTTLENECK: " + "; ".join(ch["reasons"]) if ch["client_bottleneck"] else ""))
+    if res["lengths"]["output_mismatches"] or res["lengths"]["prompt_mismatch"]:
+        print(f"length mismatch: {res['lengths']}")
+    if res["server"]:
+        kv = res["server"].get("kv")
+        print(f"server: {res['server'].get('error') or ''}"
+              + (f"kv tokens {kv['external_kv_prompt_tokens']:.0f}, nixl failures {kv['nixl_failed_transfers']:.0f}" if kv else ""))
+    if res["errors"]:
+        print("errors: " + "; ".join(res["error_samples"]))
+    _write_json(args.json, res)
+    if res["requests_ok"] == 0:
+        return 1
+    return 0
+
+
+# ---- gate -----------------------------------------------------------------------------------
+def _load(path: str) -> dict | list:
+    return json.loads(Path(path).read_text())
+
+
+def _benches_of(obj) -> list[dict]:
+    if isinstance(obj, list):
+        return obj
+    if obj.get("kind") == "bench":
+        return [obj]
+    return obj.get("benches", [])
+
+
+def cmd_gate(args) -> int:
+    from validation import gate, report
+    from workflows.spec import load_spec
+    release = Path(args.release)
+    try:
+        slo = load_spec(release.parent).slo
+    except Exception as e:  # noqa: BLE001
+        _err(f"cannot load release spec from {release.parent}: {e}")
+        return 2
+    compat = _load(args.compat) if args.compat else None
+    benches = [b for f in args.bench for b in _benches_of(_load(f))]
+    stable = _benches_of(_load(args.stable_report)) if args.stable_report else None
+    decision = gate.decide(compat, benches, slo, stable)
+    files = report.write(args.out, decision, compat, benches)
+    print(f"verdict: {decision['verdict']}")
+    for r in decision["reasons"]:
+        print(f"  - {r}")
+    _err(f"report: {files['markdown']}")
+    if args.json:
+        _write_json(args.json, decision)
+    return 0 if decision["verdict"] == "promote" else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compat", help="OpenAI-compatibility suite against a serving endpoint")
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", required=True)
+    p.add_argument("--api-key-env", help="environment variable holding the API key")
+    p.add_argument("--api-key-required", action="store_true", help="also check that a wrong key gets 401")
+    p.add_argument("--optional", default="", help="comma-separated cases that do not block")
+    p.add_argument("--only", default="", help="comma-separated cases to run")
+    p.add_argument("--json", help="write result JSON here")
+    p.set_defaults(func=cmd_compat)
+
+    p = sub.add_parser("bench", help="streaming latency benchmark (TTFT, ITL, TPOT, goodput)")
+    p.add_argument("--base-url", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--profile", help="long-prompt-short-output | short-prompt-long-output | balanced")
+    p.add_argument("--prompt-tokens", type=int)
+    p.add_argument("--output-tokens", type=int)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--concurrency", type=int, help="closed loop with this many in flight")
+    g.add_argument("--rate", type=float, help="open loop at this many requests/s")
+    p.add_argument("--poisson", action="store_true", help="Poisson arrivals for --rate")
+    p.add_argument("--requests", type=int)
+    p.add_argument("--duration", type=float, help="seconds")
+    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--metrics-url", help="Prometheus endpoint to scrape before/after")
+    p.add_argument("--api-key-env")
+    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    p.add_argument("--goodput-ttft-ms", type=float)
+    p.add_argument("--goodput-tpot-ms", type=float)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write result JSON here")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("gate", help="decide promote/rollback from compat + bench reports")
+    p.add_argument("--compat", help="compat result JSON")
+    p.add_argument("--bench", nargs="+", required=True, help="bench JSON file(s)")
+    p.add_argument("--release", required=True, help="overlays/<env>/release.yaml")
+    p.add_argument("--stable-report", help="stable release's bench/report JSON")
+    p.add_argument("--out", required=True, help="report directory")
+    p.add_argument("--json", help="also write the decision JSON here")
+    p.set_defaults(func=cmd_gate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pdops-validation")
+    register(ap.add_subparsers(dest="cmd", required=True))
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Promote or roll back: every SLO threshold checked against every benchmark, plus compat.
+
+`decide` never raises on missing data: a threshold that cannot be checked (no samples, no server
+scrape when KV transfer is required) fails, because an unproven candidate is not promoted.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from validation.config import SLO
+
+
+def _get(d: dict, *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d
+
+
+def bench_label(b: dict, i: int) -> str:
+    load = b.get("load") or {}
+    lvl = f"c={load['concurrency']}" if load.get("concurrency") else (f"rate={load['rate']}" if load.get("rate") else "")
+    return f"#{i} {b.get('profile', '?')} {lvl}".strip()
+
+
+def _key(b: dict) -> tuple:
+    load = b.get("load") or {}
+    return (b.get("profile"), load.get("concurrency"), load.get("rate"))
+
+
+def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None) -> dict:
+    checks: list[dict] = []
+
+    def add(name: str, ok: bool, msg: str, bench: str | None = None, value=None, limit=None) -> None:
+        checks.append({"check": name, "ok": bool(ok), "bench": bench, "value": value, "limit": limit,
+                       "message": msg})
+
+    # -- compatibility ---------------------------------------------------------------------
+    if compat is None:
+        add("compat", False, "no compatibility report")
+    else:
+        req = compat.get("required_failures")
+        if req is None:
+            req = [c["name"] for c in compat.get("cases", []) if c.get("status") == "fail" and c.get("required", True)]
+        add("compat", not req, "required compat cases failed: " + ", ".join(req) if req
+            else f"compat: {compat.get('passed', '?')} passed, no required failures", value=req)
+
+    if not benches:
+        add("bench", False, "no benchmark reports")
+
+    latency_checks = [
+        ("ttft_p90_ms", "ttft_ms", "p90", slo.prefill.ttft_p90_ms),
+        ("ttft_p99_ms", "ttft_ms", "p99", slo.prefill.ttft_p99_ms),
+        ("itl_p90_ms", "itl_ms", "p90", slo.decode.itl_p90_ms),
+        ("itl_p99_ms", "itl_ms", "p99", slo.decode.itl_p99_ms),
+        ("tpot_p90_ms", "tpot_ms", "p90", slo.decode.tpot_p90_ms),
+        ("tpot_p99_ms", "tpot_ms", "p99", slo.decode.tpot_p99_ms),
+    ]
+    for i, b in enumerate(benches):
+        lab = bench_label(b, i)
+        ch = b.get("client_health") or {}
+        if ch.get("client_bottleneck"):
+            add("client_bottleneck", False, f"{lab}: measurement void, client was the bottleneck: "
+                + "; ".join(ch.get("reasons", [])), lab)
+        else:
+            add("client_bottleneck", True, f"{lab}: client healthy", lab)
+        ok_n = b.get("requests_ok") or 0
+        add("requests_ok", ok_n > 0, f"{lab}: {ok_n} successful requests", lab, ok_n, 1)
+        for name, metric, q, limit in latency_checks:
+            if limit is None:
+                continue
+            v = _get(b, metric, q)
+            if v is None:
+                add(name, False, f"{lab}: {metric} {q} unavailable (limit {limit} ms)", lab, None, limit)
+            else:
+                add(name, v <= limit, f"{lab}: {metric} {q} {v:.1f} ms {'<=' if v <= limit else '>'} {limit} ms",
+                    lab, v, limit)
+        er = b.get("error_rate")
+        if er is None:
+            tot = (b.get("requests_ok") or 0) + (b.get("errors") or 0)
+            er = (b.get("errors") or 0) / tot if tot else 1.0
+        add("error_rate", er <= slo.max_error_rate,
+            f"{lab}: error rate {er:.2%} {'<=' if er <= slo.max_error_rate else '>'} {slo.max_error_rate:.2%}",
+            lab, er, slo.max_error_rate)
+        if slo.min_goodput_rps is not None:
+            g = b.get("goodput_rps")
+            ok = g is not None and g >= slo.min_goodput_rps
+            add("goodput_rps", ok, f"{lab}: goodput {g if g is None else round(g, 3)} req/s "
+                f"{'>=' if ok else '<'} {slo.min_goodput_rps}", lab, g, slo.min_goodput_rps)
+        if slo.min_slo_attainment is not None:
+            a = b.get("slo_attainment")
+            ok = a is not None and a >= slo.min_slo_attainment
+            add("slo_attainment", ok, f"{lab}: SLO attainment {a if a is None else f'{a:.1%}'} "
+                f"{'>=' if ok else '<'} {slo.min_slo_attainment:.1%}", lab, a, slo.min_slo_attainment)
+        if slo.kv_transfer == "required":
+            kv = _get(b, "server", "kv")
+            if not kv:
+                err = _get(b, "server", "error")
+                add("kv_transfer", False, f"{lab}: KV transfer required but no server-side evidence"
+                    + (f" ({err})" if err else " (run bench with --metrics-url)"), lab)
+            else:
+                toks = kv.get("external_kv_prompt_tokens") or 0
+                add("kv_transfer", toks > 0, f"{lab}: {toks:.0f} prompt tokens arrived by KV transfer", lab, toks, ">0")
+                nf = kv.get("nixl_failed_transfers") or 0
+                add("nixl_failures", nf == 0, f"{lab}: {nf:.0f} failed NIXL transfers", lab, nf, 0)
+
+    # -- vs stable ---------------------------------------------------------------------------
+    vs = slo.vs_stable
+    if vs is not None:
+        if not stable:
+            add("vs_stable", True, "no stable report to compare against (first release?)")
+        else:
+            idx = {_key(s): s for s in stable}
+            for i, b in enumerate(benches):
+                lab = bench_label(b, i)
+                s = idx.get(_key(b))
+                if s is None:
+                    add("vs_stable", True, f"{lab}: no matching stable run (same profile and load)", lab)
+                    continue
+                for name, metric, factor in (("ttft_p90", "ttft_ms", vs.ttft_p90), ("tpot_p90", "tpot_ms", vs.tpot_p90),
+                                             ("itl_p90", "itl_ms", vs.itl_p90)):
+                    if factor is None:
+                        continue
+                    cv, sv = _get(b, metric, "p90"), _get(s, metric, "p90")
+                    if cv is None or not sv:
+                        add(f"vs_stable_{name}", False, f"{lab}: {name} cannot be compared (candidate {cv}, stable {sv})", lab)
+                        continue
+                    r = cv / sv
+                    add(f"vs_stable_{name}", r <= factor,
+                        f"{lab}: {name} {cv:.1f} ms is {r:.2f}x stable {sv:.1f} ms (limit {factor}x)", lab, r, factor)
+
+    failed = [c for c in checks if not c["ok"]]
+    return {"verdict": "rollback" if failed else "promote",
+            "reasons": [c["message"] for c in failed] or ["all checks passed"],
+            "checks": checks, "failed": len(failed), "passed": len(checks) - len(failed)}

@@ -1,0 +1,105 @@
+"""Reports: JSON, a Markdown summary and PNG plots (matplotlib, Agg backend)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _fmt(v) -> str:
+    return "–" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
+
+
+def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
+    lines = [f"# Validation: **{decision['verdict'].upper()}**", ""]
+    lines += ["## Reasons", ""] + [f"- {r}" for r in decision["reasons"]] + [""]
+    if benches:
+        lines += ["## Benchmarks (ms)", "",
+                  "| run | ok | err | TTFT p50 | TTFT p90 | TTFT p99 | ITL p90 | ITL p99 | TPOT p90 | TPOT p99 | goodput req/s | client |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        from validation.gate import bench_label
+        for i, b in enumerate(benches):
+            g = lambda m, q: _fmt((b.get(m) or {}).get(q))  # noqa: E731
+            ch = "BOTTLENECK" if (b.get("client_health") or {}).get("client_bottleneck") else "ok"
+            lines.append(f"| {bench_label(b, i)} | {b.get('requests_ok')} | {b.get('errors')} | {g('ttft_ms', 'p50')} | "
+                         f"{g('ttft_ms', 'p90')} | {g('ttft_ms', 'p99')} | {g('itl_ms', 'p90')} | {g('itl_ms', 'p99')} | "
+                         f"{g('tpot_ms', 'p90')} | {g('tpot_ms', 'p99')} | {_fmt(b.get('goodput_rps'))} | {ch} |")
+        lines.append("")
+    if compat:
+        lines += ["## Compatibility", "", "| case | status | required | detail |", "| --- | --- | --- | --- |"]
+        for c in compat.get("cases", []):
+            lines.append(f"| {c['name']} | {c['status']} | {'yes' if c.get('required', True) else 'no'} | "
+                         f"{c.get('detail', '').replace('|', '/')[:120]} |")
+        lines.append("")
+    lines += ["## Checks", "", "| check | run | ok | message |", "| --- | --- | --- | --- |"]
+    for c in decision["checks"]:
+        lines.append(f"| {c['check']} | {c.get('bench') or ''} | {'✔' if c['ok'] else '✘'} | {c['message'].replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cdf(ax, vals, label):
+    v = sorted(vals)
+    if not v:
+        return
+    ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=label)
+
+
+def plots(benches: list[dict], out: Path) -> list[Path]:
+    files = []
+    from validation.gate import bench_label
+    for metric, title in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL")):
+        if not any((b.get("samples") or {}).get(metric) for b in benches):
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for i, b in enumerate(benches):
+            _cdf(ax, (b.get("samples") or {}).get(metric, []), bench_label(b, i))
+        ax.set_xlabel(f"{title} (ms)")
+        ax.set_ylabel("fraction of samples")
+        ax.set_title(f"{title} CDF")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        f = out / f"{metric}_cdf.png"
+        fig.tight_layout()
+        fig.savefig(f, dpi=100)
+        plt.close(fig)
+        files.append(f)
+    # latency vs load, per profile, when several load levels
+    by_profile: dict[str, list[dict]] = {}
+    for b in benches:
+        by_profile.setdefault(b.get("profile", "?"), []).append(b)
+    for prof, bs in by_profile.items():
+        if len(bs) < 2:
+            continue
+        xs = [(b.get("load") or {}).get("concurrency") or (b.get("load") or {}).get("rate") or 0 for b in bs]
+        order = sorted(range(len(bs)), key=lambda i: xs[i])
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for metric, q in (("ttft_ms", "p90"), ("ttft_ms", "p99"), ("tpot_ms", "p90"), ("itl_ms", "p90")):
+            ax.plot([xs[i] for i in order], [(bs[i].get(metric) or {}).get(q) for i in order], marker="o",
+                    label=f"{metric[:-3].upper()} {q}")
+        ax.set_xlabel("load (concurrency or req/s)")
+        ax.set_ylabel("ms")
+        ax.set_title(f"latency vs load: {prof}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        f = out / f"latency_vs_load_{prof}.png"
+        fig.tight_layout()
+        fig.savefig(f, dpi=100)
+        plt.close(fig)
+        files.append(f)
+    return files
+
+
+def write(out: Path | str, decision: dict, compat: dict | None, benches: list[dict]) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    # raw samples stay in the bench files; the report JSON references their summaries
+    slim = [{k: v for k, v in b.items() if k != "samples"} for b in benches]
+    report = {"verdict": decision["verdict"], "decision": decision, "compat": compat, "benches": slim}
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    (out / "summary.md").write_text(markdown(decision, compat, benches))
+    pngs = plots(benches, out)
+    return {"json": str(out / "report.json"), "markdown": str(out / "summary.md"), "plots": [str(p) for p in pngs]}

@@ -1,0 +1,191 @@
+"""Server-side truth from a Prometheus text endpoint: scrape before and after a run, diff the
+vLLM latency histograms (vllm:* or ray_vllm_* names) into mean and approximate quantiles over
+the run window, and collect KV-transfer evidence (prompt tokens that arrived by KV transfer;
+NIXL failed-transfer counters).
+"""
+from __future__ import annotations
+
+import math
+import re
+import urllib.request
+from collections import defaultdict
+
+HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds",
+              "request_time_per_output_token_seconds", "request_prefill_time_seconds",
+              "request_decode_time_seconds", "request_queue_time_seconds")
+PREFIXES = ("vllm:", "ray_vllm_", "ray_vllm:")
+
+Sample = tuple[str, tuple[tuple[str, str], ...], float]
+
+_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _unescape(v: str) -> str:
+    return v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+
+
+def _float(v: str) -> float:
+    return float(v.strip())  # float() accepts +Inf, -Inf and NaN
+
+
+def parse_small(text: str) -> list[Sample]:
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        labels = tuple(sorted((k, _unescape(v)) for k, v in _LABEL.findall(m.group(3) or "")))
+        try:
+            out.append((m.group(1), labels, _float(m.group(4))))
+        except ValueError:
+            continue
+    return out
+
+
+def parse(text: str) -> list[Sample]:
+    """Samples (name, sorted labels, value). prometheus_client's parser when installed."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        return parse_small(text)
+    try:
+        out = []
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out.append((s.name, tuple(sorted(s.labels.items())), float(s.value)))
+        return out
+    except Exception:  # noqa: BLE001 - vLLM names with ':' etc.; fall back
+        return parse_small(text)
+
+
+def scrape(url: str, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - operator-given URL
+        return r.read().decode("utf-8", "replace")
+
+
+def _base(name: str) -> tuple[str, str] | None:
+    for p in PREFIXES:
+        if name.startswith(p):
+            return p, name[len(p):]
+    return None
+
+
+def _quantile(buckets: list[tuple[float, float]], count: float, q: float) -> float | None:
+    """histogram_quantile() as Prometheus does it: linear inside the bucket."""
+    if count <= 0 or not buckets:
+        return None
+    rank = q * count
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return buckets[-1][0]
+
+
+def histogram_deltas(before: list[Sample], after: list[Sample]) -> dict:
+    """{short_name: {count, mean_ms, p50_ms, p90_ms, p99_ms, metric}} summed over label sets."""
+    def collect(samples):
+        b = defaultdict(lambda: defaultdict(float))   # short -> le -> cum count
+        sums = defaultdict(float)
+        counts = defaultdict(float)
+        names = {}
+        for name, labels, v in samples:
+            pb = _base(name)
+            if not pb:
+                continue
+            pre, rest = pb
+            for h in HISTOGRAMS:
+                if rest == h + "_bucket":
+                    le = dict(labels).get("le")
+                    if le is not None:
+                        b[h][math.inf if le == "+Inf" else float(le)] += v
+                    names[h] = pre + h
+                elif rest == h + "_sum":
+                    sums[h] += v
+                    names[h] = pre + h
+                elif rest == h + "_count":
+                    counts[h] += v
+                    names[h] = pre + h
+        return b, sums, counts, names
+
+    b0, s0, c0, _ = collect(before)
+    b1, s1, c1, n1 = collect(after)
+    out = {}
+    for h in n1:
+        cnt = c1.get(h, 0.0) - c0.get(h, 0.0)
+        sm = s1.get(h, 0.0) - s0.get(h, 0.0)
+        les = sorted(set(b1[h]) | set(b0.get(h, {})))
+        buckets = [(le, b1[h].get(le, 0.0) - b0.get(h, {}).get(le, 0.0)) for le in les]
+        if cnt == 0 and buckets:
+            cnt = buckets[-1][1]
+        entry = {"metric": n1[h], "count": cnt, "mean_ms": (sm / cnt * 1000) if cnt > 0 else None}
+        for q in (0.5, 0.9, 0.99):
+            v = _quantile(buckets, cnt, q)
+            entry[f"p{int(q * 100)}_ms"] = None if v is None else v * 1000
+        out[h] = entry
+    return out
+
+
+def _counter_total(samples: list[Sample], pred) -> float:
+    return sum(v for name, labels, v in samples if pred(name, dict(labels)))
+
+
+def kv_evidence(before: list[Sample], after: list[Sample]) -> dict:
+    def ext_kv(name, labels):
+        pb = _base(name)
+        return bool(pb) and pb[1] in ("prompt_tokens_by_source_total", "prompt_tokens_by_source") and \
+            labels.get("source") == "external_kv_transfer"
+
+    def nixl_fail(name, labels):
+        n = name.lower()
+        return "nixl" in n and "fail" in n and not n.endswith(("_created", "_bucket", "_sum"))
+
+    kv = _counter_total(after, ext_kv) - _counter_total(before, ext_kv)
+    seen_kv = any(ext_kv(n, dict(l)) for n, l, _ in after)
+    nf = _counter_total(after, nixl_fail) - _counter_total(before, nixl_fail)
+    nixl_names = sorted({n for n, l, _ in after if nixl_fail(n, dict(l))})
+    return {"external_kv_prompt_tokens": kv, "kv_metric_present": seen_kv,
+            "nixl_failed_transfers": nf, "nixl_fail_metrics": nixl_names,
+            "kv_transfer_observed": kv > 0}
+
+
+def diff(before_text: str, after_text: str) -> dict:
+    b, a = parse(before_text), parse(after_text)
+    return {"histograms": histogram_deltas(b, a), "kv": kv_evidence(b, a)}
+
+
+class Scraper:
+    """before() ... after() around a run; tolerant: a failed scrape is recorded, not raised."""
+
+    def __init__(self, url: str | None):
+        self.url = url
+        self._before: str | None = None
+        self.error: str | None = None
+
+    def before(self) -> None:
+        if self.url:
+            try:
+                self._before = scrape(self.url)
+            except Exception as e:  # noqa: BLE001
+                self.error = f"before scrape: {e}"
+
+    def after(self) -> dict | None:
+        if not self.url:
+            return None
+        if self._before is None:
+            return {"error": self.error or "no before scrape", "url": self.url}
+        try:
+            res = diff(self._before, scrape(self.url))
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"after scrape: {e}", "url": self.url}
+        res["url"] = self.url
+        return res
