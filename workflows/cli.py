@@ -89,6 +89,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from workflows.tiny_model import build, model_dir
+
+    cached = (model_dir(args.name) / "config.json").exists()
+    if not cached:
+        print(f"building tiny model {args.name} (about 10 s)...", file=sys.stderr)
+    print(build(args.name))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pdops", description="Prove every disaggregated prefill/decode release before users see it.",
@@ -115,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overlay")
     p.add_argument("--json", action="store_true", help="JSON instead of YAML")
     p.set_defaults(func=cmd_build_config)
+
+    p = sub.add_parser("tiny-model", help="build (or find cached) the local tiny HF model; prints its path")
+    p.add_argument("--name", default="pdops-tiny", help="tiny-model://NAME in a release spec")
+    p.set_defaults(func=cmd_tiny_model)
 
     p = sub.add_parser("doctor", help="say what of the installation is missing and why")
     p.add_argument("--quiet", action="store_true", help="print only problems")
