@@ -274,10 +274,8 @@ class KnownTimingServer:
         tpc = max(1, self.tokens_per_chunk)
         chunk_starts = list(range(0, maxlen, tpc))
         for ci, start in enumerate(chunk_starts):
-            # absolute schedule: token k is due at first_token_delay + k*inter_token_delay
-            due = t0 + self.first_token_delay + (start + tpc - 1 if ci else 0) * self.inter_token_delay
-            if ci and tpc > 1:
-                due = t0 + self.first_token_delay + (start + tpc - 1) * self.inter_token_delay
+            # absolute schedule (no drift): chunk ci is due at first_token_delay + ci*tpc*inter_token_delay
+            due = t0 + self.first_token_delay + ci * tpc * self.inter_token_delay
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -288,8 +286,7 @@ class KnownTimingServer:
                     continue
                 c = {"index": i, "finish_reason": None, "logprobs": self._logprobs(body, chat, piece)}
                 if chat:
-                    c["delta"] = {"content": "".join(piece)} if (ci or not self.early_role_chunk) and \
-                        not (ci == 0 and not self.early_role_chunk) else {"content": "".join(piece)}
+                    c["delta"] = {"content": "".join(piece)}
                     if ci == 0 and not self.early_role_chunk:
                         c["delta"]["role"] = "assistant"
                 else:

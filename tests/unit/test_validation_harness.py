@@ -1,0 +1,107 @@
+"""The latency harness against a server whose timings are known."""
+from __future__ import annotations
+
+import pytest
+
+from tests.fakes.known_timing_server import KnownTimingServer
+from validation import metrics
+from validation.loadgen import LoadSpec, parse_record, RawRecord, run
+
+TOL_MS = 15.0
+
+
+def _req(n_out=10):
+    return lambda i: {"messages": [{"role": "user", "content": f"hello number {i}"}], "max_tokens": n_out}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with KnownTimingServer(first_token_delay=0.1, inter_token_delay=0.02, tokens=10) as s:
+        yield s
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_ttft_and_itl_match_truth(server, concurrency):
+    res = run(LoadSpec(server.base_url, "fake-model", _req(), concurrency=concurrency,
+                       requests=4 * concurrency, warmup=1))
+    m = metrics.compute(res["records"], res["wall_s"])
+    assert m["requests_ok"] == 4 * concurrency and m["errors"] == 0
+    assert abs(m["ttft_ms"]["mean"] - 100.0) < TOL_MS
+    assert m["ttft_ms"]["p50"] >= 100.0 - 1.0  # never earlier than the truth
+    assert abs(m["itl_ms"]["mean"] - 20.0) < 3.0
+    assert abs(m["tpot_ms"]["mean"] - 20.0) < 3.0
+    assert m["output_tokens"]["mean"] == 10
+    assert not any(r["warmup"] for r in res["records"])
+
+
+def test_early_role_chunk_does_not_shorten_ttft(server):
+    assert server.early_role_chunk
+    res = run(LoadSpec(server.base_url, "fake-model", _req(), concurrency=1, requests=3))
+    for r in res["records"]:
+        # the role chunk arrives at once: first event is early, TTFT is not
+        assert (r["first_event"] - r["sent"]) * 1000 < 50
+        assert (r["first_content"] - r["sent"]) * 1000 > 95
+
+
+def test_multi_token_chunks_itl_per_chunk_tpot_per_token():
+    with KnownTimingServer(first_token_delay=0.05, inter_token_delay=0.01, tokens=12, tokens_per_chunk=3) as s:
+        res = run(LoadSpec(s.base_url, "fake-model", _req(12), concurrency=2, requests=4))
+    m = metrics.compute(res["records"], res["wall_s"])
+    assert m["tokens_per_chunk"]["mean"] == pytest.approx(3.0)
+    assert abs(m["itl_ms"]["mean"] - 30.0) < 5.0
+    # e2e - ttft = 9 token-intervals over 11 gaps
+    assert abs(m["tpot_ms"]["mean"] - 10.0 * 9 / 11) < 3.0
+
+
+def test_open_loop_measures_from_schedule_and_counts_requests(server):
+    res = run(LoadSpec(server.base_url, "fake-model", _req(), concurrency=None, rate=50.0, poisson=True,
+                       requests=10))
+    m = metrics.compute(res["records"], res["wall_s"], open_loop=True)
+    assert m["requests_ok"] == 10
+    assert all(r["scheduled"] is not None for r in res["records"])
+    assert m["ttft_from_scheduled_ms"]["mean"] >= m["ttft_ms"]["mean"] - 0.5
+
+
+def test_duration_bound(server):
+    res = run(LoadSpec(server.base_url, "fake-model", _req(2), concurrency=2, requests=None, duration=0.5))
+    assert 2 <= len(res["records"]) <= 20
+    assert res["wall_s"] < 2.0
+
+
+def test_errors_recorded_not_raised(server):
+    res = run(LoadSpec(server.base_url, "no-such-model", _req(), concurrency=1, requests=2))
+    m = metrics.compute(res["records"], res["wall_s"])
+    assert m["errors"] == 2 and m["error_rate"] == 1.0
+    assert "404" in m["error_samples"][0]
+
+
+def test_long_response_over_64k_chunk():
+    # one 200 KB content chunk must not break the reader (aiohttp default buffer is 64 KB)
+    big = "x" * 200_000
+    with KnownTimingServer(first_token_delay=0.0, inter_token_delay=0.0, tokens=3) as s:
+        s._gen_tokens = lambda seed, idx, n: [big] * n
+        res = run(LoadSpec(s.base_url, "fake-model", _req(3), concurrency=1, requests=1))
+    r = res["records"][0]
+    assert r["error"] is None and len(r["text"]) == 600_000 and r["saw_done"]
+
+
+def test_parse_record_splits_events_across_reads():
+    chunk = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
+    raw = RawRecord(index=0, warmup=False, scheduled=None, sent=1.0, status=200)
+    raw.reads = [(1.1, b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'),
+                 (1.2, chunk[:10]), (1.3, chunk[10:] + chunk), (1.4, b'data: {"choices":[],"usage":'
+                                                                   b'{"completion_tokens":4}}\r\n\r\ndata: [DONE]\n\n')]
+    raw.done = 1.5
+    r = parse_record(raw)
+    assert r["first_byte"] == 1.1 and r["first_event"] == 1.1
+    assert r["first_content"] == 1.3  # completed at the read that finished the event
+    assert r["chunk_times"] == [1.3, 1.3] and r["text"] == "abab"
+    assert r["usage"] == {"completion_tokens": 4} and r["saw_done"]
+
+
+def test_client_health_flags_bottleneck():
+    from validation.loadgen import summarize_health
+    assert not summarize_health([0.1] * 100, [10.0])["client_bottleneck"]
+    h = summarize_health([0.1] * 90 + [50.0] * 10, [10.0])
+    assert h["client_bottleneck"] and "lag" in h["reasons"][0]
+    assert summarize_health([0.1], [95.0, 99.0])["client_bottleneck"]

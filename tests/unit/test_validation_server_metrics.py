@@ -1,0 +1,91 @@
+"""Histogram and counter diffs on canned Prometheus text."""
+from __future__ import annotations
+
+import pytest
+
+from validation import server_metrics as sm
+
+BEFORE = """# HELP vllm:time_to_first_token_seconds ttft
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 4
+vllm:time_to_first_token_seconds_bucket{le="0.2",model_name="m"} 4
+vllm:time_to_first_token_seconds_bucket{le="0.4",model_name="m"} 4
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 4
+vllm:time_to_first_token_seconds_sum{model_name="m"} 0.2
+vllm:time_to_first_token_seconds_count{model_name="m"} 4
+# TYPE vllm:prompt_tokens_by_source_total counter
+vllm:prompt_tokens_by_source_total{source="local_compute"} 50
+vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 1000
+# TYPE nixl_num_failed_transfers_total counter
+nixl_num_failed_transfers_total 1
+"""
+
+AFTER = """# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 4
+vllm:time_to_first_token_seconds_bucket{le="0.2",model_name="m"} 9
+vllm:time_to_first_token_seconds_bucket{le="0.4",model_name="m"} 14
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 14
+vllm:time_to_first_token_seconds_sum{model_name="m"} 2.7
+vllm:time_to_first_token_seconds_count{model_name="m"} 14
+vllm:prompt_tokens_by_source_total{source="local_compute"} 80
+vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 3500
+nixl_num_failed_transfers_total 1
+"""
+
+RAY = """ray_vllm_request_queue_time_seconds_bucket{le="0.01",WorkerId="a"} 5
+ray_vllm_request_queue_time_seconds_bucket{le="+Inf",WorkerId="a"} 10
+ray_vllm_request_queue_time_seconds_bucket{le="0.01",WorkerId="b"} 5
+ray_vllm_request_queue_time_seconds_bucket{le="+Inf",WorkerId="b"} 10
+ray_vllm_request_queue_time_seconds_sum{WorkerId="a"} 1.0
+ray_vllm_request_queue_time_seconds_sum{WorkerId="b"} 1.0
+ray_vllm_request_queue_time_seconds_count{WorkerId="a"} 10
+ray_vllm_request_queue_time_seconds_count{WorkerId="b"} 10
+ray_vllm_nixl_failed_transfer_count_total{WorkerId="a"} 3
+"""
+
+
+def test_histogram_delta_mean_and_quantiles():
+    d = sm.diff(BEFORE, AFTER)["histograms"]["time_to_first_token_seconds"]
+    assert d["count"] == 10
+    assert d["mean_ms"] == pytest.approx(250.0)
+    # 5 in (0.1,0.2], 5 in (0.2,0.4]: p50 at the 0.2 boundary, p90 at 0.36
+    assert d["p50_ms"] == pytest.approx(200.0)
+    assert d["p90_ms"] == pytest.approx(360.0)
+    assert d["metric"] == "vllm:time_to_first_token_seconds"
+
+
+def test_kv_evidence_delta():
+    kv = sm.diff(BEFORE, AFTER)["kv"]
+    assert kv["external_kv_prompt_tokens"] == 2500
+    assert kv["kv_transfer_observed"] and kv["kv_metric_present"]
+    assert kv["nixl_failed_transfers"] == 0
+
+
+def test_ray_prefix_summed_over_replicas_and_nixl_failures():
+    res = sm.diff("", RAY)
+    q = res["histograms"]["request_queue_time_seconds"]
+    assert q["count"] == 20 and q["mean_ms"] == pytest.approx(100.0)
+    assert q["p50_ms"] == pytest.approx(10.0)
+    assert res["kv"]["nixl_failed_transfers"] == 3
+    assert not res["kv"]["kv_transfer_observed"] and not res["kv"]["kv_metric_present"]
+
+
+def test_small_parser_matches():
+    samples = sm.parse_small(AFTER)
+    names = {s[0] for s in samples}
+    assert "vllm:time_to_first_token_seconds_bucket" in names
+    inf = [s for s in samples if dict(s[1]).get("le") == "+Inf"]
+    assert inf and inf[0][2] == 14
+    assert sorted(sm.parse(AFTER)) == sorted(samples)
+
+
+def test_scraper_around_fake_server():
+    from tests.fakes.known_timing_server import KnownTimingServer
+    with KnownTimingServer() as s:
+        sc = sm.Scraper(f"http://127.0.0.1:{s.port}/metrics")
+        sc.before()
+        res = sc.after()
+    assert "kv" in res and res["kv"]["external_kv_prompt_tokens"] == 0
+    bad = sm.Scraper("http://127.0.0.1:1/metrics")
+    bad.before()
+    assert "error" in bad.after()
