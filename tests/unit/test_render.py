@@ -58,3 +58,30 @@ def test_serve_config_lands_in_rayservice(rendered_overlays):
     assert args["prefill_config"]["engine_kwargs"]["kv_transfer_config"]["kv_role"] == "kv_producer"
     assert args["decode_config"]["engine_kwargs"]["kv_transfer_config"]["kv_role"] == "kv_consumer"
     assert args["prefill_config"]["runtime_env"]["env_vars"]["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+
+
+@pytest.mark.parametrize("env", OVERLAYS)
+def test_every_overlay_validates_against_pinned_schemas(rendered_overlays, env):
+    from tests.conftest import SCHEMAS
+    from workflows.checks.schema import validate_objects
+
+    if not SCHEMAS.is_dir():
+        pytest.skip(f"pinned schemas not found at {SCHEMAS}")
+    findings = validate_objects(rendered_overlays[env].objects, SCHEMAS, env)
+    assert [f.render() for f in findings if f.severity != "info"] == []
+    # only the PodMonitor (monitoring component) has no pinned schema
+    unvalidated = sorted(f.field.split()[0] for f in findings if f.severity == "info")
+    assert unvalidated == (["PodMonitor/pd-llm"] if env in {"staging", "prod"} else [])
+
+
+def test_schema_catches_a_misspelled_worker_group_field(rendered):
+    from tests.conftest import SCHEMAS
+    from workflows.checks.schema import validate_objects
+
+    if not SCHEMAS.is_dir():
+        pytest.skip(f"pinned schemas not found at {SCHEMAS}")
+    r = rendered("dev")
+    group = r.rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][1]
+    group["maxReplica"] = group.pop("maxReplicas")
+    fields = [f.field for f in validate_objects(r.objects, SCHEMAS, "dev") if f.severity == "error"]
+    assert any("workerGroupSpecs[1]" in f for f in fields)
