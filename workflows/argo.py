@@ -34,19 +34,25 @@ RUN_AS_USER = 10001              # matches the Dockerfile's user
 P = "{{workflow.parameters.%s}}"
 OVERLAY = "overlays/" + P % "environment"
 ENV_NS = "llm-" + P % "environment"   # overlays/<env> use namespace llm-<env> (see ENV_NAMESPACES)
-BASE_URL = "http://" + P % "service" + "." + ENV_NS + ".svc.cluster.local:8000"
+BASE_URL = "http://" + P % "service" + "." + ENV_NS + ".svc.cluster.local:8000/v1"
+METRICS_URL = "http://" + P % "metrics-service" + "." + ENV_NS + ".svc.cluster.local:8080/metrics"
+MODEL = "{{inputs.parameters.model}}"   # from the facts step (model.id of overlays/<env>/release.yaml)
 
-# gate writes one file per value under --out; these become (global) output parameters
-GATE_VALUES = ("verdict", "ttft-p50-ms", "ttft-p99-ms", "itl-p50-ms", "itl-p99-ms", "kv-transfer-ms")
-GAUGES = {  # metric name -> (gate output, phase, quantile)
+# `pdops workflows gate-outputs` writes one file per value under the gate's --out directory
+# (from report.json); they become (global) output parameters and feed the Prometheus metrics.
+GATE_VALUES = ("verdict", "ttft-p50-ms", "ttft-p99-ms", "itl-p50-ms", "itl-p99-ms", "kv-prompt-tokens")
+GAUGES = {  # metric name -> [(gate output, phase, quantile)]
     "pd_release_ttft_ms": [("ttft-p50-ms", "prefill", "p50"), ("ttft-p99-ms", "prefill", "p99")],
     "pd_release_itl_ms": [("itl-p50-ms", "decode", "p50"), ("itl-p99-ms", "decode", "p99")],
-    "pd_release_kv_transfer_ms": [("kv-transfer-ms", "kv-transfer", "p50")],
+    "pd_release_kv_prompt_tokens": [("kv-prompt-tokens", "kv-transfer", "total")],
 }
+GAUGE_HELP = {"pd_release_ttft_ms": "time to first token (ms) measured by the gate's bench, by phase and quantile",
+              "pd_release_itl_ms": "inter-token latency (ms) measured by the gate's bench, by phase and quantile",
+              "pd_release_kv_prompt_tokens": "prompt tokens that arrived by NIXL KV transfer during the bench"}
 
 # per-step timeouts (activeDeadlineSeconds)
 DEADLINES = {"build-config": 300, "check": 600, "rollout": 1800, "compat": 900, "bench": 1800,
-             "gate": 300, "promote": 900, "rollback": 900, "exit-rollback": 900, "alert": 120}
+             "gate": 300, "facts": 300, "promote": 900, "rollback": 900, "exit-rollback": 900, "alert": 120}
 WORKFLOW_DEADLINE = 4 * 3600
 CANARY_DEADLINE = 1500
 RETRIED = ("build-config", "check", "compat", "bench")   # read-only: safe to retry
@@ -95,7 +101,7 @@ def _source():
 
 def _step(name: str, args: list[str], *, command: list[str] | None = None, checkout: bool = True,
           inputs: list | None = None, outputs: list | None = None, retry: bool = False,
-          cpu: str = "250m", memory: str = "512Mi"):
+          cpu: str = "250m", memory: str = "512Mi", deadline: int | None = None):
     """A container template running `pdops ARGS` in the step image."""
     from hera.workflows import Container
 
@@ -113,9 +119,17 @@ def _step(name: str, args: list[str], *, command: list[str] | None = None, check
         inputs=([_source()] if checkout else []) + list(inputs or []),
         outputs=outputs or None,
         retry_strategy=_retry() if retry else None,
-        active_deadline_seconds=DEADLINES[name.split("--")[0]],
+        active_deadline_seconds=deadline or DEADLINES[name],
         resources=m.ResourceRequirements(requests={"cpu": cpu, "memory": memory}, limits={"memory": memory}),
     )
+
+
+def _gate_script() -> str:
+    """`pdops gate` (exit 0 promote, 1 rollback, 2 bad input), then export its decision as files."""
+    return ("pdops gate --compat /tmp/in/compat.json --bench /tmp/in/bench.json "
+            "--release \"overlays/$PDOPS_ENVIRONMENT/release.yaml\" --out /tmp/report "
+            "--json /tmp/report/decision.json; rc=$?; "
+            "exec pdops workflows gate-outputs --report /tmp/report --exit-code \"$rc\"")
 
 
 def _gate_outputs(global_prefix: str):
@@ -141,7 +155,7 @@ def _metrics(prefix: str, metric_prefix: str):
     for metric, series in GAUGES.items():
         for value, phase, quantile in series:
             out.append(Gauge(name=metric.replace("pd_release", metric_prefix),
-                             help=f"{metric[len('pd_release_'):-3].upper()} in ms measured by the gate, by phase and quantile",
+                             help=GAUGE_HELP[metric],
                              labels=[env, Label(key="phase", value=phase), Label(key="quantile", value=quantile)],
                              realtime=False, value="{{workflow.outputs.parameters.%s%s}}" % (prefix, value)))
     out.append(Counter(name=f"{metric_prefix}_verdict_total", help="gate verdicts by environment",
@@ -162,6 +176,8 @@ def _common_params(extra: list) -> list:
         Parameter(name="step-image", value=STEP_IMAGE, description="image running the pdops steps"),
         Parameter(name="service", value="pd-llm",
                   description="Service (port 8000, namespace llm-<environment>) the validation steps talk to"),
+        Parameter(name="metrics-service", value="pd-llm-head-svc",
+                  description="Service whose :8080/metrics carries the vLLM/NIXL KV-transfer counters"),
     ]
 
 
@@ -208,7 +224,12 @@ def build_release(image: str = STEP_IMAGE):
         ttl_strategy=m.TTLStrategy(seconds_after_completion=7 * 24 * 3600),
         metrics=_metrics("", "pd_release"),
     ) as wt:
-        build_config = _step("build-config", ["build-config", OVERLAY, "--json"], retry=True)
+        build_config = _step("build-config", [
+            "set -eu; pdops build-config \"overlays/$PDOPS_ENVIRONMENT\" --json > /tmp/serve-config.json; "
+            "pdops workflows facts \"overlays/$PDOPS_ENVIRONMENT\" --out /tmp/facts"],
+            command=["sh", "-c"], retry=True,
+            outputs=[Parameter(name="model", value_from=m.ValueFrom(path="/tmp/facts/model")),
+                     Artifact(name="serve-config", path="/tmp/serve-config.json")])
         check = _step("check", [
             "set -eu; pdops render \"overlays/$PDOPS_ENVIRONMENT\" -o /tmp/rendered.yaml; "
             "pdops check -f /tmp/rendered.yaml --json > /tmp/check.json"],
@@ -216,14 +237,15 @@ def build_release(image: str = STEP_IMAGE):
             outputs=[Artifact(name="rendered", path="/tmp/rendered.yaml"),
                      Artifact(name="check", path="/tmp/check.json")])
         rollout = _step("rollout", ["rollout", *target, "--revision", P % "revision", dry])
-        compat = _step("compat", ["compat", *base, "--json", "/tmp/compat.json"],
-                       checkout=False, retry=True, outputs=[Artifact(name="compat", path="/tmp/compat.json")])
-        bench = _step("bench", ["bench", *base, "--profile", P % "validation-profile",
-                                "--json", "/tmp/bench.json"],
-                      checkout=False, retry=True, cpu="1", memory="1Gi",
+        compat = _step("compat", ["compat", *base, "--model", MODEL, "--json", "/tmp/compat.json"],
+                       checkout=False, retry=True, inputs=[Parameter(name="model")],
+                       outputs=[Artifact(name="compat", path="/tmp/compat.json")])
+        bench = _step("bench", ["bench", *base, "--model", MODEL, "--profile", P % "validation-profile",
+                                "--concurrency", "8", "--requests", "128", "--warmup", "4",
+                                "--metrics-url", METRICS_URL, "--json", "/tmp/bench.json"],
+                      checkout=False, retry=True, cpu="1", memory="1Gi", inputs=[Parameter(name="model")],
                       outputs=[Artifact(name="bench", path="/tmp/bench.json")])
-        gate = _step("gate", ["gate", "--compat", "/tmp/in/compat.json", "--bench", "/tmp/in/bench.json",
-                              "--profile", P % "validation-profile", "--overlay", OVERLAY, "--out", "/tmp/report"],
+        gate = _step("gate", [_gate_script()], command=["sh", "-c"],
                      inputs=[Artifact(name="compat", path="/tmp/in/compat.json"),
                              Artifact(name="bench", path="/tmp/in/bench.json")],
                      outputs=_gate_outputs(""))
@@ -231,12 +253,13 @@ def build_release(image: str = STEP_IMAGE):
         rollback = _step("rollback", ["rollback", *target, dry])
         exit_rollback = _step("exit-rollback", ["rollback", *target, "--if-candidate-pending", dry])
 
+        model_arg = [Parameter(name="model", value="{{tasks.build-config.outputs.parameters.model}}")]
         with DAG(name="release"):
             Task(name="build-config", template=build_config, when=f"{skip} == false")
             Task(name="check", template=check, depends="build-config.Succeeded")
             Task(name="rollout", template=rollout, depends="check.Succeeded")
-            Task(name="compat", template=compat, depends="rollout.Succeeded")
-            Task(name="bench", template=bench, depends="rollout.Succeeded")
+            Task(name="compat", template=compat, depends="rollout.Succeeded", arguments=model_arg)
+            Task(name="bench", template=bench, depends="rollout.Succeeded", arguments=model_arg)
             Task(name="gate", template=gate, depends="compat.Succeeded && bench.Succeeded",
                  arguments=[Artifact(name="compat", from_="{{tasks.compat.outputs.artifacts.compat}}"),
                             Artifact(name="bench", from_="{{tasks.bench.outputs.artifacts.bench}}")])
@@ -258,6 +281,7 @@ def build_canary(image: str = STEP_IMAGE):
     m = _hera()
     pod_sc, _ = _security()
     params = _common_params([
+        Parameter(name="revision", value="main", description="git ref of the stable release's overlay"),
         Parameter(name="on-regression", value="alert", enum=["rollback", "alert"],
                   description="what to do when the stable release regressed"),
         Parameter(name="validation-profile", value="balanced", enum=list(PROFILES)),
@@ -275,7 +299,7 @@ def build_canary(image: str = STEP_IMAGE):
         name="pd-canary",
         namespace=WORKFLOW_NAMESPACE,
         labels={"app.kubernetes.io/part-of": "pdops", "app.kubernetes.io/name": "pd-canary"},
-        schedule="*/30 * * * *",
+        schedules=["*/30 * * * *"],
         timezone="UTC",
         concurrency_policy="Forbid",
         starting_deadline_seconds=300,
@@ -291,13 +315,17 @@ def build_canary(image: str = STEP_IMAGE):
         pod_gc=m.PodGC(strategy="OnPodSuccess"),
         metrics=_metrics("canary-", "pd_canary"),
     ) as cw:
-        compat = _step("compat", ["compat", *base, "--json", "/tmp/compat.json"], checkout=False, retry=True,
+        facts = _step("facts", ["workflows", "facts", OVERLAY, "--out", "/tmp/facts"], retry=True,
+                      outputs=[Parameter(name="model", value_from=m.ValueFrom(path="/tmp/facts/model"))])
+        compat = _step("compat", ["compat", *base, "--model", MODEL, "--json", "/tmp/compat.json"],
+                       checkout=False, retry=True, inputs=[Parameter(name="model")],
                        outputs=[Artifact(name="compat", path="/tmp/compat.json")])
-        bench = _step("bench", ["bench", *base, "--requests", "16", "--profile", P % "validation-profile",
-                                "--json", "/tmp/bench.json"], checkout=False, retry=True,
+        bench = _step("bench", ["bench", *base, "--model", MODEL, "--profile", P % "validation-profile",
+                                "--concurrency", "4", "--requests", "16", "--metrics-url", METRICS_URL,
+                                "--json", "/tmp/bench.json"],
+                      checkout=False, retry=True, inputs=[Parameter(name="model")], deadline=600,
                       outputs=[Artifact(name="bench", path="/tmp/bench.json")])
-        gate = _step("gate", ["gate", "--canary", "--compat", "/tmp/in/compat.json", "--bench", "/tmp/in/bench.json",
-                              "--profile", P % "validation-profile", "--overlay", OVERLAY, "--out", "/tmp/report"],
+        gate = _step("gate", [_gate_script()], command=["sh", "-c"],
                      inputs=[Artifact(name="compat", path="/tmp/in/compat.json"),
                              Artifact(name="bench", path="/tmp/in/bench.json")],
                      outputs=_gate_outputs("canary-"))
@@ -308,9 +336,11 @@ def build_canary(image: str = STEP_IMAGE):
                       inputs=[Parameter(name="summary")])
         alert.env = _env() + [m.EnvVar(name="SUMMARY", value="{{inputs.parameters.summary}}")]
 
+        model_arg = [Parameter(name="model", value="{{tasks.facts.outputs.parameters.model}}")]
         with DAG(name="canary"):
-            Task(name="compat", template=compat)
-            Task(name="bench", template=bench)
+            Task(name="facts", template=facts)
+            Task(name="compat", template=compat, depends="facts.Succeeded", arguments=model_arg)
+            Task(name="bench", template=bench, depends="facts.Succeeded", arguments=model_arg)
             Task(name="gate", template=gate, depends="compat.Succeeded && bench.Succeeded",
                  arguments=[Artifact(name="compat", from_="{{tasks.compat.outputs.artifacts.compat}}"),
                             Artifact(name="bench", from_="{{tasks.bench.outputs.artifacts.bench}}")])
@@ -351,6 +381,60 @@ def render_all() -> dict[str, str]:
     return files
 
 
+def facts(overlay: Path) -> dict[str, str]:
+    """Values later steps need from the overlay's release spec (one file each under --out)."""
+    from workflows.spec import load_spec
+
+    spec = load_spec(Path(overlay))
+    return {"model": spec.model.id, "name": spec.name}
+
+
+def gate_outputs(report: dict[str, Any], exit_code: int) -> dict[str, str]:
+    """The gate's verdict and headline latencies (first bench), as output-parameter files."""
+    verdict = report.get("verdict") or ("promote" if exit_code == 0 else "rollback")
+    benches = report.get("benches") or [{}]
+    bench = benches[0] if isinstance(benches[0], dict) else {}
+
+    def num(*path: str) -> str:
+        d: Any = bench
+        for k in path:
+            d = d.get(k) if isinstance(d, dict) else None
+        return f"{float(d):g}" if isinstance(d, (int, float)) else "0"
+
+    return {"verdict": verdict if verdict in ("promote", "rollback") else "rollback",
+            "ttft-p50-ms": num("ttft_ms", "p50"), "ttft-p99-ms": num("ttft_ms", "p99"),
+            "itl-p50-ms": num("itl_ms", "p50"), "itl-p99-ms": num("itl_ms", "p99"),
+            "kv-prompt-tokens": num("server", "kv", "external_kv_prompt_tokens")}
+
+
+def cmd_facts(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, value in facts(Path(args.overlay)).items():
+        (out / name).write_text(value, encoding="utf-8")
+    return 0
+
+
+def cmd_gate_outputs(args: argparse.Namespace) -> int:
+    """Exit 0 when the gate decided (promote or rollback), its own code when it could not decide."""
+    import json
+    import sys
+
+    out = Path(args.report)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        report = {}
+    for name, value in gate_outputs(report, args.exit_code).items():
+        (out / name).write_text(value, encoding="utf-8")
+    if not (out / "summary.md").exists():
+        (out / "summary.md").write_text(f"# Validation: gate exited {args.exit_code} without a report\n",
+                                        encoding="utf-8")
+    print(f"verdict: {(out / 'verdict').read_text()}", file=sys.stderr)
+    return 0 if args.exit_code in (0, 1) and report else (args.exit_code or 1)
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     import sys
 
@@ -369,3 +453,11 @@ def register(subparsers) -> None:
     r = actions.add_parser("render", help="write pd-release, pd-canary, events, rbac and a kustomization")
     r.add_argument("--out", default="kustomize/argo", help="output directory (default: kustomize/argo)")
     r.set_defaults(func=cmd_render)
+    f = actions.add_parser("facts", help="(step helper) write model id etc. of an overlay, one file each")
+    f.add_argument("overlay")
+    f.add_argument("--out", required=True)
+    f.set_defaults(func=cmd_facts)
+    g = actions.add_parser("gate-outputs", help="(step helper) export a gate report as output-parameter files")
+    g.add_argument("--report", required=True, help="the gate's --out directory")
+    g.add_argument("--exit-code", type=int, required=True, help="exit code of `pdops gate`")
+    g.set_defaults(func=cmd_gate_outputs)
