@@ -46,7 +46,9 @@ def event_source() -> dict[str, Any]:
 
 
 def _paths_filter(env: str) -> dict[str, Any]:
-    # gjson: every added/modified/removed path of every commit; the data filter matches the JSON text
+    # gjson: every added/modified/removed path of every commit, one flat JSON array; a string data
+    # filter regex-matches that array's JSON text (gjson Result.String() of an array is its raw JSON).
+    # A `ping` delivery has no body.commits: the path does not exist, so nothing is triggered.
     return {"path": "[body.commits.#.added,body.commits.#.modified,body.commits.#.removed]|@flatten:{\"deep\":true}",
             "type": "string", "value": [f'.*"overlays/{env}/.*']}
 
@@ -59,8 +61,8 @@ def dependency(env: str) -> dict[str, Any]:
         "filters": {
             "dataLogicalOperator": "and",
             "data": [
-                {"path": "body.ref", "type": "string", "value": [BRANCH_REF]},
-                {"path": "headers.X-Github-Event", "type": "string", "value": ["push"]},
+                # string values are unanchored regexes (Go regexp.Match): anchor the ref
+                {"path": "body.ref", "type": "string", "value": ["^" + BRANCH_REF + "$"]},
                 _paths_filter(env),
             ],
         },

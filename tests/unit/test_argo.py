@@ -339,10 +339,11 @@ def test_sensor_one_trigger_per_environment_with_filters(objects):
     for env, trig in zip(argo.ENVIRONMENTS, trigs):
         dep = deps[trig["template"]["conditions"]]
         data = dep["filters"]["data"]
-        assert {"path": "body.ref", "type": "string", "value": ["refs/heads/main"]} in data
+        assert {"path": "body.ref", "type": "string", "value": ["^refs/heads/main$"]} in data
         assert dep["filters"]["dataLogicalOperator"] == "and"
         (paths,) = [f for f in data if "commits" in f["path"]]
         assert paths["value"] == [f'.*"overlays/{env}/.*']
+        assert paths["path"].startswith("[body.commits.#.added,body.commits.#.modified,body.commits.#.removed]")
         wf = trig["template"]["argoWorkflow"]["source"]["resource"]
         assert wf["spec"]["workflowTemplateRef"] == {"name": "pd-release"}
         args = wf["spec"]["arguments"]["parameters"]
@@ -351,6 +352,18 @@ def test_sensor_one_trigger_per_environment_with_filters(objects):
         assert param["src"]["dataKey"] == "body.after"
         index = int(param["dest"].split(".")[-2])
         assert args[index]["name"] == "revision"
+
+
+def test_sensor_filters_match_like_argo_events():
+    """Go regexp.Match semantics (unanchored search) on the JSON text gjson yields for the paths."""
+    import re
+
+    (dev, staging, _) = [events.dependency(e)["filters"]["data"] for e in argo.ENVIRONMENTS]
+    changed = json.dumps(["overlays/dev/release.yaml", "README.md"])
+    assert re.search(dev[1]["value"][0], changed) and not re.search(staging[1]["value"][0], changed)
+    assert not re.search(dev[1]["value"][0], json.dumps(["xoverlays/dev/a", "kustomize/overlays/dev/b"]))
+    assert re.search(dev[0]["value"][0], "refs/heads/main")
+    assert not re.search(dev[0]["value"][0], "refs/heads/main-hotfix")
 
 
 # -- step helpers ---------------------------------------------------------------------------------
