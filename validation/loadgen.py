@@ -49,7 +49,7 @@ def parse_record(raw: RawRecord, t0: float = 0.0) -> dict:
         "scheduled": None if raw.scheduled is None else raw.scheduled - t0,
         "sent": raw.sent - t0, "first_byte": None, "first_event": None, "first_content": None,
         "chunk_times": [], "chunk_chars": [], "last_chunk": None, "done": None if raw.done is None else raw.done - t0,
-        "usage": None, "finish_reason": None, "saw_done": False, "text": "",
+        "response_id": None, "usage": None, "finish_reason": None, "saw_done": False, "text": "",
         "expected_output_tokens": raw.expected_output_tokens,
         "expected_prompt_tokens": raw.expected_prompt_tokens,
     }
@@ -82,7 +82,11 @@ def parse_record(raw: RawRecord, t0: float = 0.0) -> dict:
             except ValueError:
                 rec["error"] = rec["error"] or "bad SSE json"
                 continue
-            if isinstance(d, dict) and "error" in d:
+            if not isinstance(d, dict):
+                continue
+            if rec["response_id"] is None and d.get("id"):
+                rec["response_id"] = d["id"]
+            if "error" in d:
                 rec["error"] = rec["error"] or f"stream error: {str(d['error'])[:200]}"
             if d.get("usage"):
                 rec["usage"] = d["usage"]
@@ -286,7 +290,7 @@ async def run_load(spec: LoadSpec) -> dict:
         t_end = time.perf_counter()
         client_health = await health.stop()
     records = [parse_record(r, t_start) for r in raws]
-    return {"records": records, "client_health": client_health, "wall_s": t_end - t_start,
+    return {"records": records, "client_health": client_health, "wall_s": t_end - t_start, "t0": t_start,
             "mode": "open" if spec.rate else "closed"}
 
 

@@ -45,6 +45,8 @@ class KnownTimingServer:
     host: str = "127.0.0.1"
 
     port: int = 0
+    # per response id: perf_counter times of receipt, role chunk, and every content chunk write
+    timings: dict = field(default_factory=dict)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _runner: web.AppRunner | None = None
@@ -232,6 +234,7 @@ class KnownTimingServer:
         return await self._handle(request, chat=False)
 
     async def _handle(self, request: web.Request, chat: bool):
+        received = time.perf_counter()
         err, p = await self._parse(request, chat)
         if err is not None:
             return err
@@ -267,7 +270,9 @@ class KnownTimingServer:
             await resp.write(b"data: " + json.dumps(d).encode() + b"\n\n")
 
         t0 = time.perf_counter()
+        tim = self.timings[rid] = {"received": received, "role": None, "content": []}
         if chat and self.early_role_chunk:
+            tim["role"] = time.perf_counter()
             await send([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                         for i in range(p["n"])])
         maxlen = max((len(t) for t, _ in plans), default=0)
@@ -293,6 +298,7 @@ class KnownTimingServer:
                     c["text"] = "".join(piece)
                 choices.append(c)
             if choices:
+                tim["content"].append(time.perf_counter())
                 await send(choices)
         final = []
         for i, (toks, finish) in enumerate(plans):

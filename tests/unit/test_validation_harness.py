@@ -20,16 +20,32 @@ def server():
         yield s
 
 
+def _truth_errors(server, res):
+    """Per request: client timestamp minus the server's own write timestamp (same process, same
+    perf_counter clock), so the harness's error is measured independently of scheduler jitter."""
+    ttft_err, itl_client, itl_server = [], [], []
+    t0 = res["t0"]
+    for r in res["records"]:
+        t = server.timings[r["response_id"]]
+        ttft_err.append((r["first_content"] + t0 - t["content"][0]) * 1000)
+        assert len(r["chunk_times"]) == len(t["content"])
+        itl_client += [(b - a) * 1000 for a, b in zip(r["chunk_times"], r["chunk_times"][1:])]
+        itl_server += [(b - a) * 1000 for a, b in zip(t["content"], t["content"][1:])]
+    return ttft_err, itl_client, itl_server
+
+
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_ttft_and_itl_match_truth(server, concurrency):
     res = run(LoadSpec(server.base_url, "fake-model", _req(), concurrency=concurrency,
                        requests=4 * concurrency, warmup=1))
     m = metrics.compute(res["records"], res["wall_s"])
     assert m["requests_ok"] == 4 * concurrency and m["errors"] == 0
-    assert abs(m["ttft_ms"]["mean"] - 100.0) < TOL_MS
-    assert m["ttft_ms"]["p50"] >= 100.0 - 1.0  # never earlier than the truth
-    assert abs(m["itl_ms"]["mean"] - 20.0) < 3.0
-    assert abs(m["tpot_ms"]["mean"] - 20.0) < 3.0
+    ttft_err, itl_c, itl_s = _truth_errors(server, res)
+    assert all(e >= 0 for e in ttft_err)          # a read can't precede the write
+    assert sum(ttft_err) / len(ttft_err) < TOL_MS
+    assert m["ttft_ms"]["p50"] >= 99.0  # server waits 100 ms after receipt
+    assert abs(sum(itl_c) / len(itl_c) - sum(itl_s) / len(itl_s)) < 3.0
+    assert m["itl_ms"]["mean"] >= 19.0 and m["tpot_ms"]["mean"] >= 19.0
     assert m["output_tokens"]["mean"] == 10
     assert not any(r["warmup"] for r in res["records"])
 
@@ -38,19 +54,23 @@ def test_early_role_chunk_does_not_shorten_ttft(server):
     assert server.early_role_chunk
     res = run(LoadSpec(server.base_url, "fake-model", _req(), concurrency=1, requests=3))
     for r in res["records"]:
-        # the role chunk arrives at once: first event is early, TTFT is not
-        assert (r["first_event"] - r["sent"]) * 1000 < 50
-        assert (r["first_content"] - r["sent"]) * 1000 > 95
+        t = server.timings[r["response_id"]]
+        assert t["content"][0] - t["role"] >= 0.099       # the server did send the role chunk early
+        assert r["first_event"] < r["first_content"]      # and the client saw it early ...
+        assert (r["first_content"] - r["sent"]) * 1000 >= 99.0  # ... without ending TTFT there
+        assert (r["first_content"] + res["t0"] - t["content"][0]) * 1000 < TOL_MS
 
 
 def test_multi_token_chunks_itl_per_chunk_tpot_per_token():
     with KnownTimingServer(first_token_delay=0.05, inter_token_delay=0.01, tokens=12, tokens_per_chunk=3) as s:
         res = run(LoadSpec(s.base_url, "fake-model", _req(12), concurrency=2, requests=4))
+        _, itl_c, itl_s = _truth_errors(s, res)
     m = metrics.compute(res["records"], res["wall_s"])
     assert m["tokens_per_chunk"]["mean"] == pytest.approx(3.0)
-    assert abs(m["itl_ms"]["mean"] - 30.0) < 5.0
-    # e2e - ttft = 9 token-intervals over 11 gaps
-    assert abs(m["tpot_ms"]["mean"] - 10.0 * 9 / 11) < 3.0
+    assert abs(sum(itl_c) / len(itl_c) - sum(itl_s) / len(itl_s)) < 3.0
+    assert m["itl_ms"]["mean"] >= 29.0
+    # 3 chunk gaps of ~30 ms spread over 11 token gaps: TPOT ~ 8.2 ms, well below ITL
+    assert m["tpot_ms"]["mean"] < m["itl_ms"]["mean"] / 2
 
 
 def test_open_loop_measures_from_schedule_and_counts_requests(server):

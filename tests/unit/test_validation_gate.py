@@ -1,0 +1,92 @@
+"""Promote/rollback decisions and their reasons."""
+from __future__ import annotations
+
+from validation.config import SLO, DecodeSLO, PrefillSLO, VsStable
+from validation.gate import decide
+
+COMPAT_OK = {"ok": True, "passed": 19, "required_failures": [], "cases": []}
+
+
+def s(p90, p99=None):
+    return {"mean": p90, "p50": p90, "p90": p90, "p95": p90, "p99": p99 or p90, "max": p99 or p90}
+
+
+def bench(ttft=(100, 150), itl=(10, 20), tpot=(10, 15), errors=0, ok=32, kv=500, nixl=0,
+          bottleneck=False, goodput=5.0, attain=1.0, profile="balanced", c=4, server=True):
+    b = {"kind": "bench", "profile": profile, "load": {"concurrency": c, "rate": None},
+         "ttft_ms": s(*ttft), "itl_ms": s(*itl), "tpot_ms": s(*tpot), "e2e_ms": s(1000),
+         "requests_ok": ok, "errors": errors, "error_rate": errors / (ok + errors) if ok + errors else 1.0,
+         "goodput_rps": goodput, "slo_attainment": attain,
+         "client_health": {"client_bottleneck": bottleneck, "reasons": ["event-loop lag p99 40 ms > 10 ms"] if bottleneck else []}}
+    if server:
+        b["server"] = {"kv": {"external_kv_prompt_tokens": kv, "nixl_failed_transfers": nixl}}
+    return b
+
+
+SLO_ = SLO(prefill=PrefillSLO(ttft_p90_ms=200, ttft_p99_ms=300),
+           decode=DecodeSLO(itl_p90_ms=30, itl_p99_ms=50, tpot_p90_ms=25, tpot_p99_ms=40),
+           max_error_rate=0.01, min_goodput_rps=1.0, min_slo_attainment=0.9)
+
+
+def failed(d):
+    return {c["check"] for c in d["checks"] if not c["ok"]}
+
+
+def test_promote_when_everything_meets():
+    d = decide(COMPAT_OK, [bench(), bench(c=16)], SLO_, None)
+    assert d["verdict"] == "promote", d["reasons"]
+    checked = {c["check"] for c in d["checks"]}
+    assert {"ttft_p90_ms", "ttft_p99_ms", "itl_p90_ms", "itl_p99_ms", "tpot_p90_ms", "tpot_p99_ms",
+            "error_rate", "goodput_rps", "slo_attainment", "kv_transfer", "compat"} <= checked
+
+
+def test_each_threshold_rolls_back():
+    cases = {
+        "ttft_p90_ms": bench(ttft=(250, 260)),
+        "ttft_p99_ms": bench(ttft=(150, 400)),
+        "itl_p90_ms": bench(itl=(35, 45)),
+        "itl_p99_ms": bench(itl=(20, 60)),
+        "tpot_p90_ms": bench(tpot=(26, 30)),
+        "tpot_p99_ms": bench(tpot=(20, 45)),
+        "error_rate": bench(errors=2, ok=30),
+        "goodput_rps": bench(goodput=0.5),
+        "slo_attainment": bench(attain=0.5),
+        "kv_transfer": bench(kv=0),
+        "nixl_failures": bench(nixl=3),
+        "client_bottleneck": bench(bottleneck=True),
+    }
+    for name, b in cases.items():
+        d = decide(COMPAT_OK, [b], SLO_, None)
+        assert d["verdict"] == "rollback", name
+        assert failed(d) == {name}, (name, d["reasons"])
+
+
+def test_compat_required_failure_rolls_back():
+    d = decide({"ok": False, "required_failures": ["stream_done"]}, [bench()], SLO_, None)
+    assert d["verdict"] == "rollback" and "stream_done" in d["reasons"][0]
+
+
+def test_missing_evidence_rolls_back():
+    d = decide(COMPAT_OK, [bench(server=False)], SLO_, None)
+    assert failed(d) == {"kv_transfer"} and "--metrics-url" in d["reasons"][0]
+    assert decide(COMPAT_OK, [], SLO_, None)["verdict"] == "rollback"
+    nodata = bench()
+    nodata["ttft_ms"] = {"p90": None, "p99": None}
+    assert "ttft_p90_ms" in failed(decide(COMPAT_OK, [nodata], SLO_, None))
+
+
+def test_kv_ignored():
+    slo = SLO_.model_copy(update={"kv_transfer": "ignored"})
+    assert decide(COMPAT_OK, [bench(server=False)], slo, None)["verdict"] == "promote"
+
+
+def test_vs_stable_ratio():
+    slo = SLO_.model_copy(update={"vs_stable": VsStable(ttft_p90=1.2, tpot_p90=1.1)})
+    stable = [bench(ttft=(100, 150), tpot=(10, 15))]
+    ok = decide(COMPAT_OK, [bench(ttft=(115, 150), tpot=(10.5, 15))], slo, stable)
+    assert ok["verdict"] == "promote", ok["reasons"]
+    bad = decide(COMPAT_OK, [bench(ttft=(130, 150), tpot=(10, 15))], slo, stable)
+    assert failed(bad) == {"vs_stable_ttft_p90"} and "1.30x" in bad["reasons"][0]
+    # different load level: not compared
+    other = decide(COMPAT_OK, [bench(ttft=(190, 200), c=64)], slo, stable)
+    assert other["verdict"] == "promote"
