@@ -88,6 +88,7 @@ class KnownTimingServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/_timings", self._timings)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, 0, backlog=4096)
@@ -128,6 +129,10 @@ class KnownTimingServer:
             return r
         return web.json_response({"object": "list", "data": [
             {"id": self.model, "object": "model", "created": 0, "owned_by": "pdops"}]})
+
+    async def _timings(self, request: web.Request) -> web.Response:
+        """Server-side truth (time.perf_counter = CLOCK_MONOTONIC, comparable across processes)."""
+        return web.json_response(self.timings)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text="# HELP fake_up up\n# TYPE fake_up gauge\nfake_up 1\n")
@@ -316,3 +321,22 @@ class KnownTimingServer:
             await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+def main() -> None:  # pragma: no cover - used by scripts/bench_harness.py
+    import argparse
+    import signal
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--first-token-delay", type=float, default=0.1)
+    ap.add_argument("--inter-token-delay", type=float, default=0.02)
+    ap.add_argument("--tokens", type=int, default=16)
+    a = ap.parse_args()
+    srv = KnownTimingServer(first_token_delay=a.first_token_delay, inter_token_delay=a.inter_token_delay,
+                            tokens=a.tokens).start()
+    print(srv.port, flush=True)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    srv.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
