@@ -290,6 +290,8 @@ def build_canary(image: str = STEP_IMAGE):
     for p in params:
         if p.name == "step-image":
             p.value = image
+        if p.name == "environment":
+            p.value = "prod"    # the stable release users hit; on-regression defaults to alert
     base = ["--base-url", BASE_URL]
     target = ["--target", "kubernetes", "--overlay", OVERLAY, "--namespace", ENV_NS]
     verdict = "{{tasks.gate.outputs.parameters.verdict}}"

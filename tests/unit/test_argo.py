@@ -271,7 +271,8 @@ def test_canary_schedule_and_policy(canary):
 def test_canary_validates_stable_and_reacts_to_regression(canary):
     spec = canary["spec"]["workflowSpec"]
     p = params(spec)
-    assert p["on-regression"]["enum"] == ["rollback", "alert"]
+    assert p["on-regression"]["enum"] == ["rollback", "alert"] and p["on-regression"]["value"] == "alert"
+    assert p["environment"]["value"] == "prod" and p["environment"]["enum"] == ["dev", "staging", "prod"]
     tpl = templates(spec)
     assert "rollout" not in tpl and "promote" not in tpl       # validates the stable release only
     assert "--requests" in tpl["bench"]["container"]["args"]
