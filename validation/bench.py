@@ -11,7 +11,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               rate: float | None = None, poisson: bool = False, requests: int | None = None,
               duration: float | None = None, warmup: int = 0, metrics_url: str | None = None,
               api_key: str | None = None, endpoint: str = "chat", goodput_ttft_ms: float | None = None,
-              goodput_tpot_ms: float | None = None, seed: int = 0, keep_samples: bool = True,
+              goodput_tpot_ms: float | None = None, seed: int = 0, keep_samples: bool = True, workers: int = 1,
               progress: Callable[[str], None] | None = None) -> dict:
     if requests is None and duration is None:
         raise ValueError("need requests or duration")
@@ -28,7 +28,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
                  f"requests={requests} duration={duration} warmup={warmup}")
     started = time.time()
     scraper.before()
-    res = loadgen.run(spec)
+    res = loadgen.run_workers(spec, workers) if workers > 1 else loadgen.run(spec)
     server = scraper.after()
     m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms, open_loop=bool(rate))
     out = {
@@ -36,7 +36,8 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
         "profile_spec": {"prompt_tokens": profile.prompt_tokens, "output_tokens": profile.output_tokens,
                          "distribution": profile.distribution, "spread": profile.spread},
         "load": {"mode": res["mode"], "concurrency": concurrency, "rate": rate, "poisson": poisson,
-                 "requests": requests, "duration_s": duration, "warmup": warmup},
+                 "requests": requests, "duration_s": duration, "warmup": warmup,
+                 "workers": workers},
         "started_unix": started,
         **m,
         "client_health": res["client_health"],

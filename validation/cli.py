@@ -65,7 +65,7 @@ def cmd_bench(args) -> int:
                     poisson=args.poisson, requests=args.requests, duration=args.duration, warmup=args.warmup,
                     metrics_url=args.metrics_url, api_key=api_key, endpoint=args.endpoint,
                     goodput_ttft_ms=args.goodput_ttft_ms, goodput_tpot_ms=args.goodput_tpot_ms,
-                    seed=args.seed, progress=_err)
+                    seed=args.seed, workers=args.workers, progress=_err)
     print(f"profile {res['profile']}  load {res['load']['mode']} "
           f"{'c=' + str(args.concurrency) if args.concurrency else f'rate={args.rate}/s'}  "
           f"ok {res['requests_ok']}  errors {res['errors']}  wall {res['wall_s']:.1f}s")
@@ -158,6 +158,7 @@ def register(sub) -> None:
     p.add_argument("--goodput-ttft-ms", type=float)
     p.add_argument("--goodput-tpot-ms", type=float)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1, help="client processes sharing the load")
     p.add_argument("--json", help="write result JSON here")
     p.set_defaults(func=cmd_bench)
 

@@ -300,3 +300,79 @@ def run(spec: LoadSpec) -> dict:
         return uvloop.run(run_load(spec))
     except ImportError:  # pragma: no cover
         return asyncio.run(run_load(spec))
+
+
+_TIME_FIELDS = ("scheduled", "sent", "first_byte", "first_event", "first_content", "last_chunk", "done")
+
+
+def _shift(rec: dict, dt: float) -> dict:
+    for k in _TIME_FIELDS:
+        if rec.get(k) is not None:
+            rec[k] += dt
+    rec["chunk_times"] = [t + dt for t in rec["chunk_times"]]
+    return rec
+
+
+def _worker_main(spec: LoadSpec, w: int, n: int, q) -> None:  # pragma: no cover - child process
+    import dataclasses
+    base_make = spec.make_request
+    share = dataclasses.replace(
+        spec,
+        make_request=lambda i: base_make(i * n + w if i >= 0 else i),
+        concurrency=None if spec.concurrency is None else max(1, spec.concurrency // n + (w < spec.concurrency % n)),
+        rate=None if spec.rate is None else spec.rate / n,
+        requests=None if spec.requests is None else spec.requests // n + (w < spec.requests % n),
+        warmup=spec.warmup if w == 0 else min(spec.warmup, 1),
+        seed=spec.seed * 1000 + w, progress=False)
+    try:
+        res = run(share) if share.requests != 0 else {"records": [], "client_health": summarize_health([], []),
+                                                       "wall_s": 0.0, "t0": time.perf_counter(), "mode": "closed"}
+        for r in res["records"]:
+            r["index"] = r["index"] * n + w
+            r["worker"] = w
+        q.put((w, res, None))
+    except BaseException as e:  # noqa: BLE001
+        q.put((w, None, repr(e)))
+
+
+def run_workers(spec: LoadSpec, workers: int) -> dict:
+    """Split the load over `workers` processes (fork), then merge onto one time axis. Each worker
+    takes 1/N of the concurrency (or rate) and of the request count."""
+    if workers <= 1:
+        return run(spec)
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_worker_main, args=(spec, w, workers, q), daemon=True) for w in range(workers)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    for _ in procs:
+        w, res, err = q.get(timeout=spec.timeout + (spec.duration or 0) + 600)
+        if err:
+            errors.append(f"worker {w}: {err}")
+        else:
+            results[w] = res
+    for p in procs:
+        p.join(10)
+    if not results:
+        raise RuntimeError("; ".join(errors))
+    t0 = min(r["t0"] for r in results.values())
+    t_end = max(r["t0"] + r["wall_s"] for r in results.values())
+    records = []
+    for res in results.values():
+        records += [_shift(r, res["t0"] - t0) for r in res["records"]]
+    records.sort(key=lambda r: r["sent"])
+    healths = [r["client_health"] for r in results.values()]
+    reasons = [f"worker {w}: {x}" for w, r in results.items() for x in r["client_health"]["reasons"]] + errors
+    health = {"loop_lag_ms": {"p50": max(h["loop_lag_ms"]["p50"] for h in healths),
+                              "p99": max(h["loop_lag_ms"]["p99"] for h in healths),
+                              "max": max(h["loop_lag_ms"]["max"] for h in healths),
+                              "samples": sum(h["loop_lag_ms"]["samples"] for h in healths)},
+              "cpu_percent": {"mean": max(h["cpu_percent"]["mean"] for h in healths),
+                              "max": max(h["cpu_percent"]["max"] for h in healths),
+                              "samples": sum(h["cpu_percent"]["samples"] for h in healths)},
+              "client_bottleneck": bool(reasons), "reasons": reasons, "workers": workers,
+              "per_worker": healths}
+    return {"records": records, "client_health": health, "wall_s": t_end - t0, "t0": t0,
+            "mode": next(iter(results.values()))["mode"], "workers": workers}
