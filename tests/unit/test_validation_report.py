@@ -61,7 +61,7 @@ def test_verify_lengths_reports_mismatch():
 
 
 def test_cli_bench_compat_gate(tmp_path, monkeypatch, capsys):
-    with KnownTimingServer(first_token_delay=0.02, inter_token_delay=0.002, tokens=400) as s:
+    with KnownTimingServer(first_token_delay=0.02, inter_token_delay=0.002, tokens=16) as s:
         rc = main(["bench", "--base-url", s.base_url, "--model", "fake-model", "--prompt-tokens", "20",
                    "--output-tokens", "16", "--concurrency", "2", "--requests", "4", "--warmup", "1",
                    "--metrics-url", f"http://127.0.0.1:{s.port}/metrics", "--json", str(tmp_path / "b.json")])
