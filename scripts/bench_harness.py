@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from validation import metrics  # noqa: E402
-from validation.loadgen import LoadSpec, run  # noqa: E402
+from validation.loadgen import LoadSpec, run, run_workers  # noqa: E402
 
 
 def main() -> int:
@@ -30,6 +30,7 @@ def main() -> int:
     ap.add_argument("--first-token-delay", type=float, default=0.1)
     ap.add_argument("--inter-token-delay", type=float, default=0.02)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=1, help="client processes (validation.loadgen.run_workers)")
     ap.add_argument("--rounds", type=int, default=3, help="requests per slot: requests = rounds * concurrency")
     a = ap.parse_args()
     proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.known_timing_server",
@@ -41,13 +42,14 @@ def main() -> int:
         base = f"http://127.0.0.1:{port}/v1"
         truth_ms = a.first_token_delay * 1000
         print(f"known-timing server: first token {truth_ms:.0f} ms, inter-token {a.inter_token_delay * 1000:.0f} ms, "
-              f"{a.tokens} tokens; early role chunk on")
+              f"{a.tokens} tokens; early role chunk on; client workers {a.workers}")
         print("| concurrency | requests | TTFT mean ms | error vs configured ms | read lag mean ms | read lag p99 ms "
               "| ITL mean ms (truth) | loop lag p99 ms | CPU % | bottleneck |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for c in [int(x) for x in a.levels.split(",")]:
             n = max(8, a.rounds * c)
-            res = run(LoadSpec(base, "fake-model",
+            runner = (lambda sp: run_workers(sp, a.workers)) if a.workers > 1 else run
+            res = runner(LoadSpec(base, "fake-model",
                                lambda i: {"messages": [{"role": "user", "content": f"bench {i}"}],
                                           "max_tokens": a.tokens},
                                concurrency=c, requests=n, warmup=2, timeout=120))
