@@ -51,8 +51,20 @@ def find(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objects if o.get("kind") == kind]
 
 
+class _Dumper(yaml.SafeDumper):
+    """Own representers: output must not depend on who else tweaked PyYAML (Hera does, on import)."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None  # serveConfigV2 stays readable YAML inside the manifest
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def dump_yaml(data: Any) -> str:
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120)
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
 def dump_manifest(objects: list[dict[str, Any]]) -> str:
