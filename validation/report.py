@@ -48,6 +48,18 @@ def _cdf(ax, vals, label):
     ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=label)
 
 
+
+def _save(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
 def plots(benches: list[dict], out: Path) -> list[Path]:
     files = []
     from validation.gate import bench_label
@@ -57,16 +69,8 @@ def plots(benches: list[dict], out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for i, b in enumerate(benches):
             _cdf(ax, (b.get("samples") or {}).get(metric, []), bench_label(b, i))
-        ax.set_xlabel(f"{title} (ms)")
-        ax.set_ylabel("fraction of samples")
-        ax.set_title(f"{title} CDF")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        f = out / f"{metric}_cdf.png"
-        fig.tight_layout()
-        fig.savefig(f, dpi=100)
-        plt.close(fig)
-        files.append(f)
+        files.append(_save(fig, ax, f"{title} (ms)", "fraction of samples", f"{title} CDF",
+                      out / f"{metric}_cdf.png"))
     # latency vs load, per profile, when several load levels
     by_profile: dict[str, list[dict]] = {}
     for b in benches:
@@ -80,16 +84,8 @@ def plots(benches: list[dict], out: Path) -> list[Path]:
         for metric, q in (("ttft_ms", "p90"), ("ttft_ms", "p99"), ("tpot_ms", "p90"), ("itl_ms", "p90")):
             ax.plot([xs[i] for i in order], [(bs[i].get(metric) or {}).get(q) for i in order], marker="o",
                     label=f"{metric[:-3].upper()} {q}")
-        ax.set_xlabel("load (concurrency or req/s)")
-        ax.set_ylabel("ms")
-        ax.set_title(f"latency vs load: {prof}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        f = out / f"latency_vs_load_{prof}.png"
-        fig.tight_layout()
-        fig.savefig(f, dpi=100)
-        plt.close(fig)
-        files.append(f)
+        files.append(_save(fig, ax, "load (concurrency or req/s)", "ms", f"latency vs load: {prof}",
+                      out / f"latency_vs_load_{prof}.png"))
     return files
 
 
