@@ -68,3 +68,16 @@ def test_compat_suite_passes_on_real_vllm(vllm_server):
     failed = {n: s for n, s in cases.items() if s == "fail"}
     assert failed == {}, result
     assert cases["auth_401"] == "skip" and cases["determinism"] == "pass"
+
+
+def test_bench_measures_real_vllm_and_joins_server_histograms(vllm_server):
+    from validation import profiles
+    from validation.bench import run_bench
+
+    result = run_bench(vllm_server + "/v1", "pdops-tiny", profiles.custom(32, 16), concurrency=2, requests=6,
+                       metrics_url=vllm_server + "/metrics")
+    assert result["requests_ok"] == 6 and result["errors"] == 0
+    assert result["lengths"]["output_mismatches"] == 0  # ignore_eos: exactly the asked-for tokens, by usage
+    server = result["server"]["histograms"]["time_to_first_token_seconds"]
+    assert server["metric"] == "vllm:time_to_first_token_seconds" and server["count"] == 6
+    assert result["ttft_ms"]["p50"] > 0 and result["tpot_ms"]["p50"] > 0
