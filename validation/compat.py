@@ -126,15 +126,20 @@ async def unknown_model_404(ctx: Ctx) -> None:
     _check_openai_error(status, resp, 404)
 
 
+def _check_envelope(r, obj: str, model: str) -> None:
+    """The fields every non-streamed response carries, chat or completions alike."""
+    check(isinstance(r.id, str) and r.id, "id")
+    check(r.object == obj, f"object {r.object}")
+    check(isinstance(r.created, int) and r.created > 0, "created")
+    check(r.model == model, f"model {r.model}")
+    check(len(r.choices) == 1 and r.choices[0].index == 0, "choices[].index")
+
+
 async def chat_nonstream_shape(ctx: Ctx) -> None:
     req = dict(model=ctx.model, messages=_msgs(), max_tokens=MAXTOK, temperature=0, seed=1)
     r = await ctx.client().chat.completions.create(**req)
     ctx.note(req, r)
-    check(isinstance(r.id, str) and r.id, "id")
-    check(r.object == "chat.completion", f"object {r.object}")
-    check(isinstance(r.created, int) and r.created > 0, "created")
-    check(r.model == ctx.model, f"model {r.model}")
-    check(len(r.choices) == 1 and r.choices[0].index == 0, "choices[].index")
+    _check_envelope(r, "chat.completion", ctx.model)
     check(r.choices[0].message.role == "assistant", "message.role")
     check(isinstance(r.choices[0].message.content, str), "message.content")
     _check_usage(r.usage, MAXTOK)
@@ -150,11 +155,7 @@ async def completions_nonstream_shape(ctx: Ctx) -> None:
     req = dict(model=ctx.model, prompt=PROMPT, max_tokens=MAXTOK, temperature=0, seed=1)
     r = await ctx.client().completions.create(**req)
     ctx.note(req, r)
-    check(isinstance(r.id, str) and r.id, "id")
-    check(r.object == "text_completion", f"object {r.object}")
-    check(isinstance(r.created, int) and r.created > 0, "created")
-    check(r.model == ctx.model, f"model {r.model}")
-    check(len(r.choices) == 1 and r.choices[0].index == 0, "choices[].index")
+    _check_envelope(r, "text_completion", ctx.model)
     check(isinstance(r.choices[0].text, str), "text")
     _check_usage(r.usage, MAXTOK)
     if r.usage.completion_tokens == MAXTOK:
