@@ -1,0 +1,137 @@
+"""Where a release runs. Two targets implement this: `local` (Ray on 127.0.0.1) and `kubernetes` (EKS).
+
+Both keep two slots. `stable` serves users; `candidate` holds a new release that is validated
+before it takes the stable name. Physically a slot is a colour (`blue` / `green`): promotion only
+moves the stable pointer (a Service selector, a local route), so the promoted engines keep running.
+
+Release logic (what to validate, when to promote) lives in workflows/steps.py, never in a target.
+Every target keeps its own history of records (local: files; kubernetes: a ConfigMap) so the last
+good release can be redeployed from the target alone.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+SLOTS = ("stable", "candidate")
+COLOURS = ("blue", "green")
+Verdict = Literal["pending", "promote", "rollback", "failed", "regressed"]
+Progress = Callable[[str], None]
+
+
+def other_colour(colour: str) -> str:
+    return COLOURS[1 - COLOURS.index(colour)]
+
+
+def manifest_digest(manifest: str) -> str:
+    return "sha256:" + hashlib.sha256(manifest.encode("utf-8")).hexdigest()
+
+
+class Endpoint(BaseModel):
+    base_url: str                    # OpenAI API root, ending in /v1
+    metrics_url: str | None = None   # Prometheus text with vllm:* / ray_vllm_* (KV-transfer evidence)
+    # Label filter selecting this slot's engines in a metrics endpoint shared by both slots.
+    metrics_labels: dict[str, str] = {}
+
+
+class ReleaseRecord(BaseModel):
+    """One rendered release as a target holds it: enough to redeploy it from this record alone."""
+
+    name: str                        # release name (spec.name)
+    revision: str                    # git revision it was rendered from ("worktree" when not committed)
+    digest: str                      # manifest_digest(manifest): identity for idempotent re-runs
+    manifest: str                    # the rendered, checked multi-document YAML
+    model: str                       # the model id clients send
+    colour: str = ""                 # which physical slot holds it (set by the target on apply)
+    applied_at: float = Field(default_factory=time.time)
+    verdict: Verdict = "pending"
+    reasons: list[str] = []
+    report: str | None = None        # where this release's validation report is (path or artifact)
+    decided_at: float | None = None
+
+    @classmethod
+    def of(cls, manifest: str, name: str, model: str, revision: str) -> "ReleaseRecord":
+        return cls(name=name, revision=revision, digest=manifest_digest(manifest), manifest=manifest, model=model)
+
+    def short(self) -> str:
+        return f"{self.name}@{self.revision[:12]} ({self.digest[7:19]})"
+
+
+class SlotStatus(BaseModel):
+    slot: Literal["stable", "candidate"]
+    release: ReleaseRecord | None = None
+    state: Literal["absent", "deploying", "ready", "failed", "unknown"] = "absent"
+    detail: str = ""
+    endpoint: Endpoint | None = None
+
+
+class TargetStatus(BaseModel):
+    target: str
+    stable: SlotStatus
+    candidate: SlotStatus
+    last_good: ReleaseRecord | None = None
+
+
+class TargetError(Exception):
+    """The target could not do what was asked (not ready in time, deploy failed, busy). Exit 1."""
+
+    def __init__(self, problem: str, details: list[str] | None = None) -> None:
+        self.problem, self.details = problem, list(details or [])
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return self.problem + "".join(f"\n  {d}" for d in self.details)
+
+
+class Target(Protocol):
+    kind: str
+
+    def status(self) -> TargetStatus:
+        """Both slots and the last good release, read from the target (never from memory)."""
+
+    def apply(self, record: ReleaseRecord, progress: Progress) -> ReleaseRecord:
+        """Deploy `record` into the candidate slot and return it with its colour set.
+
+        Idempotent: the same digest already pending is left as it is. Refuses (TargetError) when a
+        different candidate is pending, so a half-done release is undone before another starts."""
+
+    def wait_ready(self, timeout_s: float, progress: Progress) -> Endpoint:
+        """Block until the candidate serves, or raise TargetError with what the target reported."""
+
+    def endpoint(self, slot: Literal["stable", "candidate"]) -> Endpoint:
+        """How validation and users reach a slot."""
+
+    def promote(self, reasons: list[str], report: str | None, progress: Progress) -> ReleaseRecord:
+        """Candidate takes the stable name; it is recorded as the last good release."""
+
+    def rollback(self, reasons: list[str], report: str | None, progress: Progress, *,
+                 to_previous: bool = False) -> str:
+        """Undo: drop a pending candidate (recorded with its verdict) and make sure stable serves the
+        last good release, redeploying it from history when it is missing. With `to_previous`, the
+        current stable is marked regressed and the good release before it is restored. Returns what
+        it did, in one line."""
+
+    def history(self) -> list[ReleaseRecord]:
+        """Decided releases, oldest first."""
+
+
+HISTORY_KEEP = 20
+
+
+def last_good(history: list[ReleaseRecord]) -> ReleaseRecord | None:
+    """The newest promoted release that has not since been found regressed."""
+    return next((r for r in reversed(history) if r.verdict == "promote"), None)
+
+
+def appended(history: list[ReleaseRecord], record: ReleaseRecord, keep: int = HISTORY_KEEP) -> list[ReleaseRecord]:
+    """History with `record` added, trimmed to `keep` entries; the last good release is never trimmed."""
+    out = history + [record]
+    good = last_good(out)
+    while len(out) > keep:
+        drop = next(i for i, r in enumerate(out) if r is not good)
+        out.pop(drop)
+    return out
