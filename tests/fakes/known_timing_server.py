@@ -1,8 +1,20 @@
-"""An OpenAI-compatible aiohttp server with known timings, for testing the latency harness and
-the compatibility suite. Runs on 127.0.0.1 on an ephemeral port in a background thread.
+"""An OpenAI-compatible server with known timings, for testing the latency harness and the
+compatibility suite. Runs on 127.0.0.1 on an ephemeral port in a background thread (or, for the
+benchmark script, in processes of its own: `python -m tests.fakes.known_timing_server`).
 
     with KnownTimingServer(first_token_delay=0.1, inter_token_delay=0.02, tokens=16) as srv:
         srv.base_url  # http://127.0.0.1:PORT/v1
+
+It is a reference clock for the harness, so it must not be the bottleneck at 256 streams on two
+cores. Three layers, one concern each:
+- the OpenAI layer (`_dispatch`) validates a request and answers a `Reply` or a `Stream` whose SSE
+  events are encoded up front, each due at a known offset from the request's receipt;
+- the HTTP/1.1 layer (`_Conn`, a raw asyncio Protocol, uvloop when installed) frames and writes
+  them, so the due time only costs a socket write;
+- `DeadlineTimer` fires at absolute time.perf_counter() deadlines with microsecond precision and
+  never early (event-loop timers round to milliseconds; uvloop's fire up to 1.2 ms early).
+Every content write is stamped (`timings`, `/_timings`), and `/metrics` exports vLLM-named TTFT,
+ITL and TPOT histograms of those stamps, so server-side figures are known too.
 
 "Broken" switches make it misbehave in one specific way each, so tests can prove the compat
 suite catches it.
@@ -10,16 +22,21 @@ suite catches it.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import heapq
+import itertools
 import json
+import os
+import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-
-from aiohttp import web
+from http import HTTPStatus
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass
@@ -31,6 +48,144 @@ class Broken:
     inconsistent_usage: bool = False   # total_tokens != prompt + completion
 
 
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    delay: float = 0.0                 # seconds after the request's receipt
+
+
+@dataclass
+class Stream:
+    """SSE events, each (seconds after receipt, encoded event, timing mark, tokens in it)."""
+    rid: str
+    events: list[tuple[float, bytes, str | None, int]]
+
+
+def _json(status: int, obj) -> Reply:
+    return Reply(status, json.dumps(obj).encode())
+
+
+# ---- timer -------------------------------------------------------------------------------------
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_CLOCK_MONOTONIC, _TFD_NONBLOCK, _TFD_CLOEXEC, _TFD_TIMER_ABSTIME = 1, os.O_NONBLOCK, os.O_CLOEXEC, 1
+
+
+class DeadlineTimer:
+    """Callbacks at absolute perf_counter() deadlines: one Linux timerfd on CLOCK_MONOTONIC (the
+    clock perf_counter reads) armed to the earliest deadline and watched by the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.fd = _libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_create")
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._armed: float | None = None
+        self._loop = loop
+        loop.add_reader(self.fd, self._fire)
+
+    def at(self, deadline: float, cb, *args) -> None:
+        heapq.heappush(self._heap, (deadline, next(self._seq), cb, args))
+        if self._armed is None or deadline < self._armed:
+            self._arm(deadline)
+
+    def _arm(self, deadline: float) -> None:
+        sec = int(deadline)
+        spec = _Itimerspec(_Timespec(0, 0), _Timespec(sec, max(1, int((deadline - sec) * 1e9))))
+        if _libc.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime")
+        self._armed = deadline
+
+    def _fire(self) -> None:
+        try:
+            os.read(self.fd, 8)
+        except BlockingIOError:
+            pass
+        self._armed = None
+        heap = self._heap
+        while heap and heap[0][0] <= time.perf_counter():
+            _, _, cb, args = heapq.heappop(heap)
+            cb(*args)
+        if heap:
+            self._arm(heap[0][0])
+
+    def close(self) -> None:
+        self._loop.remove_reader(self.fd)
+        os.close(self.fd)
+
+
+# ---- HTTP/1.1 ----------------------------------------------------------------------------------
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection: Content-Length request bodies (what aiohttp and httpx send),
+    one request at a time (a pipelined one waits), chunked SSE responses."""
+
+    def __init__(self, srv: "KnownTimingServer"):
+        self.srv = srv
+        self.buf = b""
+        self.first_byte: float | None = None
+        self.busy = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if self.first_byte is None:
+            self.first_byte = time.perf_counter()
+        self.buf += data
+        self._next()
+
+    def _next(self) -> None:
+        if self.busy:
+            return
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        lines = self.buf[:end].decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+        size = int(headers.get("content-length") or 0)
+        if len(self.buf) < end + 4 + size:
+            return
+        body, self.buf = self.buf[end + 4:end + 4 + size], self.buf[end + 4 + size:]
+        received, self.first_byte = self.first_byte, (time.perf_counter() if self.buf else None)
+        method, target = lines[0].split(" ")[:2]
+        self.busy = True
+        out = self.srv._dispatch(method, target.split("?")[0], headers, body, received)
+        if isinstance(out, Stream):
+            self._write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n")
+            self.srv._stream(self, out, received)
+        elif out.delay > 0:
+            self.srv.timer.at(received + out.delay, self._reply, out)
+        else:
+            self._reply(out)
+
+    def _write(self, data: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _reply(self, r: Reply) -> None:
+        self._write(f"HTTP/1.1 {r.status} {HTTPStatus(r.status).phrase}\r\nContent-Type: {r.content_type}\r\n"
+                    f"Content-Length: {len(r.body)}\r\n\r\n".encode() + r.body)
+        self.done()
+
+    def done(self) -> None:
+        self.busy = False
+        self._next()
+
+
+# ---- the server --------------------------------------------------------------------------------
 @dataclass
 class KnownTimingServer:
     first_token_delay: float = 0.1
@@ -45,34 +200,40 @@ class KnownTimingServer:
     host: str = "127.0.0.1"
 
     port: int = 0
-    # per response id: perf_counter times of receipt, role chunk, and every content chunk write
+    # per response id: perf_counter times of receipt, role chunk, every content chunk write, and
+    # the tokens in each content chunk
     timings: dict = field(default_factory=dict)
+    timer: DeadlineTimer | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
-    _runner: web.AppRunner | None = None
+    _servers: list = field(default_factory=list)
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
     # ---- lifecycle -----------------------------------------------------------------------
-    def start(self) -> "KnownTimingServer":
+    def start(self, sock: socket.socket | None = None) -> "KnownTimingServer":
+        """Serve in a background thread on a port of its own (`port`), and also on `sock` when
+        given (a SO_REUSEPORT listener shared by several processes)."""
         ready = threading.Event()
         err: list[BaseException] = []
 
         def run() -> None:
-            loop = asyncio.new_event_loop()
+            loop = _new_loop()
             self._loop = loop
             asyncio.set_event_loop(loop)
             try:
-                loop.run_until_complete(self._start())
+                loop.run_until_complete(self._start(sock))
             except BaseException as e:  # pragma: no cover
                 err.append(e)
                 ready.set()
                 return
             ready.set()
             loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
+            for srv in self._servers:
+                srv.close()
+            self.timer.close()
             loop.close()
 
         self._thread = threading.Thread(target=run, name="known-timing-server", daemon=True)
@@ -82,18 +243,13 @@ class KnownTimingServer:
             raise err[0]
         return self
 
-    async def _start(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/_timings", self._timings)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0, backlog=4096)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+    async def _start(self, sock: socket.socket | None) -> None:
+        loop = asyncio.get_running_loop()
+        self.timer = DeadlineTimer(loop)
+        self._servers = [await loop.create_server(lambda: _Conn(self), self.host, 0, backlog=4096)]
+        if sock is not None:
+            self._servers.append(await loop.create_server(lambda: _Conn(self), sock=sock, backlog=4096))
+        self.port = self._servers[0].sockets[0].getsockname()[1]
 
     def stop(self) -> None:
         if self._loop:
@@ -107,35 +263,84 @@ class KnownTimingServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    # ---- streaming: write each pre-encoded event group at its deadline --------------------
+    def _stream(self, conn: _Conn, s: Stream, received: float) -> None:
+        tim = self.timings[s.rid] = {"received": received, "role": None, "content": [], "tokens": []}
+        groups: dict[float, list] = {}
+        for off, data, mark, ntok in s.events:
+            groups.setdefault(off, []).append((data, mark, ntok))
+        due = sorted(groups)
+        for k, off in enumerate(due):
+            self.timer.at(received + off, self._write_group, conn, tim, groups[off], k == len(due) - 1)
+
+    @staticmethod
+    def _write_group(conn: _Conn, tim: dict, group: list, last: bool) -> None:
+        now = time.perf_counter()
+        for _, mark, ntok in group:
+            if mark == "role":
+                tim["role"] = now
+            elif mark == "content":
+                tim["content"].append(now)
+                tim["tokens"].append(ntok)
+        conn._write(b"".join(b"%x\r\n%s\r\n" % (len(d), d) for d, _, _ in group) + (b"0\r\n\r\n" if last else b""))
+        if last:
+            conn.done()
+
+    # ---- routing -------------------------------------------------------------------------
+    def _dispatch(self, method: str, path: str, headers: dict, body: bytes, received: float) -> Reply | Stream:
+        routes = {("GET", "/v1/models"): self._models, ("GET", "/metrics"): self._metrics,
+                  ("GET", "/_timings"): self._timings,
+                  ("POST", "/v1/chat/completions"): lambda h, b: self._handle(h, b, chat=True),
+                  ("POST", "/v1/completions"): lambda h, b: self._handle(h, b, chat=False)}
+        fn = routes.get((method, path))
+        if fn is None:
+            return _json(404, {"error": {"message": f"no route {method} {path}", "type": "NotFoundError",
+                                         "param": None, "code": 404}})
+        return fn(headers, body)
+
     # ---- helpers -------------------------------------------------------------------------
     def _error(self, status: int, message: str, type_: str, param: str | None = None,
-               code: str | None = None) -> web.Response:
+               code: str | None = None) -> Reply:
         if status == 400 and self.broken.error_500:
-            return web.Response(status=500, text="Internal Server Error")
-        return web.json_response(
-            {"error": {"message": message, "type": type_, "param": param, "code": code or status}},
-            status=status)
+            return Reply(500, b"Internal Server Error", "text/plain")
+        return _json(status, {"error": {"message": message, "type": type_, "param": param, "code": code or status}})
 
-    def _auth(self, request: web.Request) -> web.Response | None:
-        if self.api_key is None:
+    def _auth(self, headers: dict) -> Reply | None:
+        if self.api_key is None or headers.get("authorization") == f"Bearer {self.api_key}":
             return None
-        if request.headers.get("Authorization") != f"Bearer {self.api_key}":
-            return web.json_response({"error": {"message": "Invalid API key", "type": "authentication_error",
-                                                "param": None, "code": 401}}, status=401)
-        return None
+        return _json(401, {"error": {"message": "Invalid API key", "type": "authentication_error",
+                                     "param": None, "code": 401}})
 
-    async def _models(self, request: web.Request) -> web.Response:
-        if (r := self._auth(request)) is not None:
-            return r
-        return web.json_response({"object": "list", "data": [
+    def _models(self, headers: dict, body: bytes) -> Reply:
+        return self._auth(headers) or _json(200, {"object": "list", "data": [
             {"id": self.model, "object": "model", "created": 0, "owned_by": "pdops"}]})
 
-    async def _timings(self, request: web.Request) -> web.Response:
+    def _timings(self, headers: dict, body: bytes) -> Reply:
         """Server-side truth (time.perf_counter = CLOCK_MONOTONIC, comparable across processes)."""
-        return web.json_response(self.timings)
+        return _json(200, self.timings)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text="# HELP fake_up up\n# TYPE fake_up gauge\nfake_up 1\n")
+    def _metrics(self, headers: dict, body: bytes) -> Reply:
+        """vLLM-named histograms of the stamped writes: TTFT from receipt to the first content
+        write, ITL per token (a chunk's gap shared by its tokens, as an engine that emits tokens
+        evenly would record), TPOT per request."""
+        ttft, itl, tpot = [], [], []
+        for t in list(self.timings.values()):
+            c, n = t["content"], t["tokens"]
+            if not c:
+                continue
+            ttft.append(c[0] - t["received"])
+            for (a, b), m in zip(zip(c, c[1:]), n[1:]):
+                itl += [(b - a) / m] * m
+            if sum(n) > 1:
+                tpot.append((c[-1] - c[0]) / (sum(n) - 1))
+        out = ["# HELP fake_up up", "# TYPE fake_up gauge", "fake_up 1"]
+        for name, vals in (("time_to_first_token_seconds", ttft), ("inter_token_latency_seconds", itl),
+                           ("request_time_per_output_token_seconds", tpot)):
+            out.append(f"# TYPE vllm:{name} histogram")
+            out += [f'vllm:{name}_bucket{{le="{le}"}} {sum(v <= le for v in vals)}' for le in BUCKETS]
+            out += [f'vllm:{name}_bucket{{le="+Inf"}} {len(vals)}', f"vllm:{name}_sum {sum(vals)}",
+                    f"vllm:{name}_count {len(vals)}"]
+        return Reply(200, ("\n".join(out) + "\n").encode(), "text/plain; version=0.0.4")
 
     @staticmethod
     def _prompt_tokens(text: str) -> int:
@@ -150,20 +355,19 @@ class KnownTimingServer:
             out.append(" " + WORDS[s % len(WORDS)])
         return out
 
-    async def _parse(self, request: web.Request, chat: bool):
-        if (r := self._auth(request)) is not None:
+    def _parse(self, headers: dict, raw: bytes, chat: bool):
+        if (r := self._auth(headers)) is not None:
             return r, None
         try:
-            body = await request.json()
+            body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("body must be an object")
         except Exception:
             return self._error(400, "Invalid JSON body", "invalid_request_error"), None
         model = body.get("model")
         if model != self.model:
-            return web.json_response({"error": {"message": f"The model `{model}` does not exist.",
-                                                "type": "NotFoundError", "param": "model", "code": 404}},
-                                     status=404), None
+            return _json(404, {"error": {"message": f"The model `{model}` does not exist.",
+                                         "type": "NotFoundError", "param": "model", "code": 404}}), None
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
@@ -232,15 +436,8 @@ class KnownTimingServer:
         return {"tokens": toks, "token_logprobs": [-1.0] * len(toks),
                 "top_logprobs": [{t: -1.0} for t in toks], "text_offset": list(range(len(toks)))}
 
-    async def _chat(self, request):
-        return await self._handle(request, chat=True)
-
-    async def _completions(self, request):
-        return await self._handle(request, chat=False)
-
-    async def _handle(self, request: web.Request, chat: bool):
-        received = time.perf_counter()
-        err, p = await self._parse(request, chat)
+    def _handle(self, headers: dict, raw: bytes, chat: bool) -> Reply | Stream:
+        err, p = self._parse(headers, raw, chat)
         if err is not None:
             return err
         body = p["body"]
@@ -249,7 +446,6 @@ class KnownTimingServer:
         obj = "chat.completion" if chat else "text_completion"
         plans = [self._plan(p, i) for i in range(p["n"])]
         if not body.get("stream"):
-            await asyncio.sleep(self.first_token_delay + self.inter_token_delay * max(0, self.tokens - 1))
             choices = []
             for i, (toks, finish) in enumerate(plans):
                 text = "".join(toks)
@@ -262,33 +458,28 @@ class KnownTimingServer:
             out = {"id": rid, "object": obj, "created": created, "model": self.model, "choices": choices}
             if not self.broken.missing_usage:
                 out["usage"] = self._usage(p["prompt_tokens"], sum(len(t) for t, _ in plans))
-            return web.json_response(out)
+            r = _json(200, out)
+            r.delay = self.first_token_delay + self.inter_token_delay * max(0, self.tokens - 1)
+            return r
 
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
         cobj = "chat.completion.chunk" if chat else "text_completion"
+        events: list[tuple[float, bytes, str | None, int]] = []
 
-        async def send(choices: list, usage=None) -> None:
+        def add(off: float, choices: list, mark: str | None = None, ntok: int = 0, usage=None) -> None:
             d = {"id": rid, "object": cobj, "created": created, "model": self.model, "choices": choices}
             if usage is not None:
                 d["usage"] = usage
-            await resp.write(b"data: " + json.dumps(d).encode() + b"\n\n")
+            events.append((off, b"data: " + json.dumps(d).encode() + b"\n\n", mark, ntok))
 
-        t0 = time.perf_counter()
-        tim = self.timings[rid] = {"received": received, "role": None, "content": []}
         if chat and self.early_role_chunk:
-            tim["role"] = time.perf_counter()
-            await send([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                        for i in range(p["n"])])
+            add(0.0, [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                      for i in range(p["n"])], "role")
         maxlen = max((len(t) for t, _ in plans), default=0)
         tpc = max(1, self.tokens_per_chunk)
-        chunk_starts = list(range(0, maxlen, tpc))
-        for ci, start in enumerate(chunk_starts):
+        off = self.first_token_delay
+        for ci, start in enumerate(range(0, maxlen, tpc)):
             # absolute schedule (no drift): chunk ci is due at first_token_delay + ci*tpc*inter_token_delay
-            due = t0 + self.first_token_delay + ci * tpc * self.inter_token_delay
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            off = self.first_token_delay + ci * tpc * self.inter_token_delay
             choices = []
             for i, (toks, finish) in enumerate(plans):
                 piece = toks[start:start + tpc]
@@ -302,9 +493,7 @@ class KnownTimingServer:
                 else:
                     c["text"] = "".join(piece)
                 choices.append(c)
-            if choices:
-                tim["content"].append(time.perf_counter())
-                await send(choices)
+            add(off, choices, "content", max(len(t[start:start + tpc]) for t, _ in plans))
         final = []
         for i, (toks, finish) in enumerate(plans):
             c = {"index": i, "finish_reason": finish, "logprobs": None}
@@ -313,29 +502,64 @@ class KnownTimingServer:
             else:
                 c["text"] = ""
             final.append(c)
-        await send(final)
+        add(off, final)
         so = body.get("stream_options") or {}
         if so.get("include_usage") and not self.broken.missing_usage:
-            await send([], usage=self._usage(p["prompt_tokens"], sum(len(t) for t, _ in plans)))
+            add(off, [], usage=self._usage(p["prompt_tokens"], sum(len(t) for t, _ in plans)))
         if not self.broken.missing_done:
-            await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+            events.append((off, b"data: [DONE]\n\n", None, 0))
+        return Stream(rid, events)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover
+        return asyncio.new_event_loop()
 
 
 def main() -> None:  # pragma: no cover - used by scripts/bench_harness.py
+    """Serve from --procs processes sharing one SO_REUSEPORT port; prints the port. Each process
+    also answers on a port of its own, printed on the next line, for its /_timings."""
     import argparse
     import signal
     ap = argparse.ArgumentParser()
     ap.add_argument("--first-token-delay", type=float, default=0.1)
     ap.add_argument("--inter-token-delay", type=float, default=0.02)
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--tokens-per-chunk", type=int, default=1)
+    ap.add_argument("--procs", type=int, default=1)
     a = ap.parse_args()
-    srv = KnownTimingServer(first_token_delay=a.first_token_delay, inter_token_delay=a.inter_token_delay,
-                            tokens=a.tokens).start()
-    print(srv.port, flush=True)
-    signal.sigwait({signal.SIGTERM, signal.SIGINT})
-    srv.stop()
+    lsock = socket.socket()
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    lsock.bind(("127.0.0.1", 0))
+    port = lsock.getsockname()[1]
+    kids = []
+    for _ in range(a.procs):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid:
+            os.close(w)
+            kids.append((pid, os.fdopen(r)))
+            continue
+        os.close(r)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("127.0.0.1", port))
+        srv = KnownTimingServer(first_token_delay=a.first_token_delay, inter_token_delay=a.inter_token_delay,
+                                tokens=a.tokens, tokens_per_chunk=a.tokens_per_chunk).start(s)
+        os.write(w, f"{srv.port}\n".encode())
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+        os._exit(0)
+    lsock.close()
+    print(port, " ".join(f.readline().strip() for _, f in kids), sep="\n", flush=True)
+    try:
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    finally:
+        for pid, _ in kids:
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
 
 
 if __name__ == "__main__":  # pragma: no cover
