@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import yaml
 
 from workflows.errors import InputError
 from workflows.serve_config import build_serve_config, validate_with_ray
-from workflows.spec import SPEC_FILE, ReleaseSpec, load_spec
+from workflows.spec import SPEC_FILE, ReleaseSpec, load_spec, parse_yaml, read_yaml_file
 
 KUBECTL_VERSION = "v1.37.1"
 # Known context limit of the model, carried in the manifest so `check -f` can use it too.
@@ -32,12 +33,85 @@ def kubectl() -> Path:
     return path
 
 
+KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+# Fields of kustomize's Kustomization type that name a file or directory.
+_PATH_LISTS = ("resources", "components", "bases", "crds", "configurations", "generators", "transformers",
+               "validators", "patchesStrategicMerge")
+_PATH_ITEMS = ("patches", "patchesJson6902", "replacements")   # lists of {path: FILE, ...}
+_INCLUDES = ("resources", "components", "bases")                # directories are kustomizations too
+
+
+def repository_root(overlay: Path) -> Path:
+    """The folder holding kustomize/ (beside overlays/): everything an overlay uses lies inside it."""
+    overlay = overlay.resolve()
+    return next((d for d in (overlay, *overlay.parents) if (d / "kustomize").is_dir()), overlay)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []   # other types: kustomize names the error itself
+
+
+def _references(k: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(field, path) for every file or directory a kustomization names."""
+    for key in _PATH_LISTS:
+        for i, ref in enumerate(_list(k.get(key))):
+            if isinstance(ref, str) and "\n" not in ref:   # multi-line strings are inline patches
+                yield f"{key}[{i}]", ref
+    for key in _PATH_ITEMS:
+        for i, item in enumerate(_list(k.get(key))):
+            if isinstance(item, dict) and isinstance(item.get("path"), str):
+                yield f"{key}[{i}].path", item["path"]
+    openapi = k.get("openapi")
+    if isinstance(openapi, dict) and isinstance(openapi.get("path"), str):
+        yield "openapi.path", openapi["path"]
+    for key in ("configMapGenerator", "secretGenerator"):
+        for i, gen in enumerate(_list(k.get(key))):
+            gen = gen if isinstance(gen, dict) else {}
+            for name in ("files", "envs"):
+                for j, ref in enumerate(_list(gen.get(name))):
+                    if isinstance(ref, str):   # files: [KEY=]PATH
+                        yield f"{key}[{i}].{name}[{j}]", ref.partition("=")[2] or ref
+            if isinstance(gen.get("env"), str):
+                yield f"{key}[{i}].env", gen["env"]
+
+
+def check_references(overlay: Path) -> None:
+    """Every path the overlay's kustomizations name (and those they include) exists inside the repository.
+
+    Renders need LoadRestrictionsNone (the overlays share kustomize/openapi), under which kustomize
+    would read /etc/hostname into a ConfigMap or fetch a remote base from the network; this is the fence.
+    """
+    root = repository_root(overlay)
+    todo, seen = [overlay.resolve()], set()
+    while todo:
+        folder = todo.pop()
+        kfile = next((folder / n for n in KUSTOMIZATION_FILES if (folder / n).is_file()), None)
+        if folder in seen or kfile is None:   # no kustomization: kustomize says so
+            continue
+        seen.add(folder)
+        kustomization = read_yaml_file(kfile)
+        for name, ref in _references(kustomization if isinstance(kustomization, dict) else {}):
+            try:
+                target = (folder / ref).resolve()
+                inside, exists = target.is_relative_to(root), target.exists()
+            except (OSError, RuntimeError, ValueError):
+                inside = exists = False
+            if not (inside and exists):
+                problem = (f"{ref!r} does not exist in the repository" if inside else
+                           f"{ref!r} points outside the repository ({root})")
+                raise InputError(kfile, name, problem, "name files of this repository by relative path "
+                                 "(no absolute paths, no `..` out of it, no remote URLs)")
+            if target.is_dir() and name.startswith(_INCLUDES):
+                todo.append(target)
+
+
 def kustomize_build(overlay: Path) -> list[dict[str, Any]]:
     """Objects of `kubectl kustomize` on the overlay, in kustomize's order."""
     kustomization = overlay / "kustomization.yaml"
     if not kustomization.is_file():
         raise InputError(kustomization, "", "no kustomization.yaml in the overlay",
                          "pass an overlay directory such as overlays/local")
+    check_references(overlay)
     # The overlays reference the shared merge-key schema in kustomize/openapi, outside their root.
     proc = subprocess.run([str(kubectl()), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(overlay)],
                           capture_output=True, text=True, env={**os.environ, "KUBECTL_COMMAND_HEADERS": "false"})
@@ -136,12 +210,7 @@ def load_manifest(path: str) -> Rendered:
         raise InputError(name, "", "file not found", "render one with `pdops render OVERLAY -o FILE`") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(name, "", f"cannot read: {exc}") from None
-    try:
-        objects = [d for d in yaml.safe_load_all(text) if d]
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise InputError(name, where, f"invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    objects = [d for d in parse_yaml(text, name) if d]
     bad = [i for i, o in enumerate(objects) if not isinstance(o, dict) or "kind" not in o]
     if bad:
         raise InputError(name, f"document {bad[0] + 1}", "not a Kubernetes object (no `kind`)")

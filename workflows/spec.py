@@ -6,18 +6,26 @@ overlay's kustomization, so a typo here must fail loudly with the file and field
 from __future__ import annotations
 
 import os
+import unicodedata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from validation.config import SLO, Validation
+from workflows import tiny_model
 from workflows.errors import InputError
 
 SPEC_FILE = "release.yaml"
 MAX_SPEC_BYTES = 256 * 1024
+# What one YAML document may expand to (aliases count each time they are used) and how deep it may
+# nest: far above any real spec or kustomization, far below what exhausts the parser or the dumper.
+MAX_YAML_NODES = 20_000
+MAX_YAML_DEPTH = 32
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+INT32_MAX = 2**31 - 1
 
 
 class _Strict(BaseModel):
@@ -28,9 +36,16 @@ class Model(_Strict):
     id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
     # A path or URI the engine loads; `tiny-model://NAME` is built locally by `pdops tiny-model`.
     source: str = Field(min_length=1, max_length=1000)
-    max_model_len: PositiveInt | None = None
+    max_model_len: PositiveInt | None = Field(None, le=INT32_MAX)
     # The model's own context limit (config.json max_position_embeddings), where known.
-    max_position_embeddings: PositiveInt | None = None
+    max_position_embeddings: PositiveInt | None = Field(None, le=INT32_MAX)
+
+    @field_validator("source")
+    @classmethod
+    def _tiny_model_name(cls, source: str) -> str:
+        if source.startswith(tiny_model.SCHEME):
+            tiny_model.check_name(source.removeprefix(tiny_model.SCHEME))
+        return source
 
 
 class Accelerator(_Strict):
@@ -49,7 +64,7 @@ class KVTransfer(_Strict):
 class Autoscaling(_Strict):
     min_replicas: int = Field(1, ge=0, le=1000)
     max_replicas: PositiveInt = Field(1, le=1000)
-    target_ongoing_requests: PositiveInt = 16
+    target_ongoing_requests: PositiveInt = Field(16, le=100000)
 
     @model_validator(mode="after")
     def _ordered(self) -> "Autoscaling":
@@ -67,7 +82,18 @@ class Phase(_Strict):
     max_ongoing_requests: PositiveInt = Field(64, le=100000)
     # Extra vLLM engine arguments for this phase, merged over the generated ones.
     engine_kwargs: dict[str, Any] = {}
-    env: dict[str, str] = {}
+    env: dict[Annotated[str, Field(pattern=ENV_NAME)], str] = {}
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _not_owned(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        # The spec's own field would silently lose, and checks would read a value of any type.
+        owned = {"tensor_parallel_size": "tensor_parallel_size of this phase", "max_model_len": "model.max_model_len"}
+        for key in owned.keys() & kwargs.keys():
+            raise ValueError(f"engine_kwargs.{key} is set by the spec: use {owned[key]}")
+        if not isinstance(kwargs.get("kv_transfer_config", {}), dict):
+            raise ValueError("engine_kwargs.kv_transfer_config must be a mapping (merged over kv_transfer)")
+        return kwargs
 
     @model_validator(mode="after")
     def _one_scaling(self) -> "Phase":
@@ -123,6 +149,77 @@ def parse_spec(data: Any, file: str | os.PathLike[str]) -> ReleaseSpec:
         raise InputError(file, field, problem, fix) from None
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently: a second
+    `prefill:` block would replace the first without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # unhashable: SafeLoader itself rejects it below
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
+                                                        f"duplicate key {key!r}", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _bad_char(text: str) -> str | None:
+    """The first control, invisible-format (bidi override, zero-width) or surrogate character."""
+    for c in text:
+        if unicodedata.category(c) in ("Cc", "Cf", "Cs") and c not in "\t\n\r":
+            return f"U+{ord(c):04X}" + (f" ({unicodedata.name(c)})" if unicodedata.name(c, "") else "")
+    return None
+
+
+def _check_tree(doc: Any, file: str | os.PathLike[str]) -> None:
+    """Bound size and depth (aliases included) and refuse hidden characters, naming the field."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), doc)]
+    nodes = 0
+    while stack:
+        loc, value = stack.pop()
+        nodes += 1
+        if nodes > MAX_YAML_NODES:
+            raise InputError(file, "", f"expands to more than {MAX_YAML_NODES} values (YAML aliases count each use)",
+                             "write the values out; a release spec or kustomization is a short file")
+        if len(loc) > MAX_YAML_DEPTH:
+            raise InputError(file, _field_path(loc[:MAX_YAML_DEPTH]), f"nested deeper than {MAX_YAML_DEPTH} levels")
+        if isinstance(value, dict):
+            stack += [(loc + (k,), v) for k, v in value.items()]
+            texts, what = [k for k in value if isinstance(k, str)], "a key"
+        elif isinstance(value, list):
+            stack += [(loc + (i,), v) for i, v in enumerate(value)]
+            texts, what = [], ""
+        else:
+            texts, what = [value] if isinstance(value, str) else [], "the value"
+        bad = next((b for b in map(_bad_char, texts) if b), None)
+        if bad:
+            raise InputError(file, _field_path(loc), f"{what} contains {bad}, a control or invisible character",
+                             "retype it in plain text (hidden characters make what you read differ from what runs)")
+
+
+def parse_yaml(text: str, file: str | os.PathLike[str]) -> list[Any]:
+    """The documents of a YAML text, each bounded by _check_tree; errors name the file and position."""
+    try:
+        docs = list(yaml.load_all(text, Loader=_Loader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(file, where, f"invalid YAML: {problem}", "fix the YAML syntax at that position") from None
+    except RecursionError:
+        raise InputError(file, "", f"invalid YAML: nested deeper than {MAX_YAML_DEPTH} levels") from None
+    for doc in docs:
+        _check_tree(doc, file)
+    return docs
+
+
 def read_yaml_file(path: Path, max_bytes: int = MAX_SPEC_BYTES) -> Any:
     """YAML from a user file, with errors that say where; one document only, size-bounded."""
     try:
@@ -140,13 +237,7 @@ def read_yaml_file(path: Path, max_bytes: int = MAX_SPEC_BYTES) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(path, "", f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from None
-    try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(path, where, f"invalid YAML: {problem}", "fix the YAML syntax at that position") from None
+    docs = parse_yaml(text, path)
     if len(docs) != 1:
         raise InputError(path, "", f"expected exactly one YAML document, found {len(docs)}")
     return docs[0]

@@ -9,10 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sysconfig
 from pathlib import Path
 
+from workflows.errors import InputError
+
 SCHEME = "tiny-model://"
+# One path component: the model is built under cache_root(), never anywhere a name could point.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RECIPE = {
     "vocab_size": 4096, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -33,7 +38,19 @@ def recipe_hash() -> str:
     return hashlib.sha256(json.dumps([RECIPE, SPECIALS, CHAT_TEMPLATE], sort_keys=True).encode()).hexdigest()[:12]
 
 
+def check_name(name: str) -> str:
+    """NAME of tiny-model://NAME, or ValueError: a name with `/` or `..` would leave the cache."""
+    if not NAME.fullmatch(name):
+        raise ValueError(f"tiny-model name {name!r} must be 1-64 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
+    return name
+
+
 def model_dir(name: str) -> Path:
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise InputError(SCHEME + name, "", str(exc), "use a plain name such as pdops-tiny") from None
     return cache_root() / f"{name}-{recipe_hash()}"
 
 

@@ -48,9 +48,12 @@ def test_missing_overlay_and_file(capsys, tmp_path):
 
 
 def test_broken_kustomization_names_the_file(capsys, overlay):
+    (overlay / "kustomization.yaml").write_text("resources: [../../kustomize/base]\nnamePrefx: x\n")
+    code, _, err = _run(capsys, "render", str(overlay))
+    assert code == 2 and "kustomization.yaml" in err and "kustomize build failed" in err and "namePrefx" in err
     (overlay / "kustomization.yaml").write_text("resources: [../../kustomize/bose]\n")
     code, _, err = _run(capsys, "render", str(overlay))
-    assert code == 2 and "kustomization.yaml" in err and "kustomize build failed" in err
+    assert code == 2 and "kustomization.yaml: resources[0]" in err and "does not exist" in err
 
 
 def test_render_refuses_findings_and_writes_nothing(capsys, overlay, tmp_path):
