@@ -47,6 +47,7 @@ def cmd_compat(args) -> int:
 def cmd_bench(args) -> int:
     from validation import profiles
     from validation.bench import run_bench
+    from validation.server_metrics import side_by_side
     if args.profile:
         try:
             prof = profiles.get(args.profile)
@@ -73,6 +74,13 @@ def cmd_bench(args) -> int:
     for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
         s = res[k]
         print(f"{k[:-3]:8} " + " ".join(f"{_fmt(s[q]):>8}" for q in ("mean", "p50", "p90", "p95", "p99", "max")))
+    tpc = res["tokens_per_chunk"]["mean"]
+    print(f"tokens per chunk {_fmt(tpc)}" + ("  -> ITL above is CHUNK-level (the server batches its stream); "
+                                           "use TPOT and the server's ITL histogram" if res["itl_level"] == "chunk" else ""))
+    rows = side_by_side(res)
+    for r in rows:
+        print(f"{r['phase']:8} client p50/p90/p99 " + "/".join(_fmt(r[f"client_{q}"]) for q in ("p50", "p90", "p99"))
+              + "  server " + "/".join(_fmt(r[f"server_{q}"]) for q in ("p50", "p90", "p99")) + f"  ({r['metric']})")
     print(f"throughput {res['request_throughput_rps']:.2f} req/s, {res['output_token_throughput_tps']:.1f} tok/s; "
           f"goodput {res['goodput_rps']:.2f} req/s (attainment {res['slo_attainment']:.1%})")
     ch = res["client_health"]

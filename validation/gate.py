@@ -18,6 +18,20 @@ def _get(d: dict, *path: str) -> Any:
     return d
 
 
+def itl_source(b: dict) -> tuple[dict | None, str]:
+    """ITL percentiles and where they come from. Client chunk gaps are inter-token latency only
+    when a chunk carries about one token; when the server batches its stream (Ray Serve), the
+    server's ITL histogram for the run is used, else TPOT (per token from usage)."""
+    if b.get("itl_level") != "chunk":
+        return b.get("itl_ms"), "client ITL"
+    tpc = _get(b, "tokens_per_chunk", "mean") or 0.0
+    h = _get(b, "server", "histograms", "inter_token_latency_seconds")
+    if h and h.get("count"):
+        return ({"p90": h.get("p90_ms"), "p99": h.get("p99_ms")},
+                f"server {h['metric']} (client chunks carry {tpc:.1f} tokens)")
+    return b.get("tpot_ms"), f"TPOT (client chunks carry {tpc:.1f} tokens; no server ITL histogram)"
+
+
 def bench_label(b: dict, i: int) -> str:
     load = b.get("load") or {}
     lvl = f"c={load['concurrency']}" if load.get("concurrency") else (f"rate={load['rate']}" if load.get("rate") else "")
@@ -29,7 +43,10 @@ def _key(b: dict) -> tuple:
     return (b.get("profile"), load.get("concurrency"), load.get("rate"))
 
 
-def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None) -> dict:
+def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None,
+           golden: dict | None = None) -> dict:
+    """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
+    (the Kubernetes pipeline) do not run it."""
     checks: list[dict] = []
 
     def add(name: str, ok: bool, msg: str, bench: str | None = None, value=None, limit=None) -> None:
@@ -49,6 +66,14 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
     if not benches:
         add("bench", False, "no benchmark reports")
 
+    if golden is not None:
+        bad = [c for c in golden.get("cases", []) if not c.get("ok")]
+        add("golden_tokens", bool(golden.get("ok")),
+            f"golden tokens: {golden.get('matched', 0)}/{golden.get('prompts', 0)} prompts equal the single-engine "
+            f"reference ({golden.get('tokens_compared', 0)} tokens)"
+            + "".join(f"; prompt {c['prompt']}: " + (c.get("problem") or f"first differs at token {c['first_difference']}")
+                      for c in bad[:3]), value=golden.get("matched"), limit=golden.get("prompts"))
+
     latency_checks = [
         ("ttft_p90_ms", "ttft_ms", "p90", slo.prefill.ttft_p90_ms),
         ("ttft_p99_ms", "ttft_ms", "p99", slo.prefill.ttft_p99_ms),
@@ -67,14 +92,15 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
             add("client_bottleneck", True, f"{lab}: client healthy", lab)
         ok_n = b.get("requests_ok") or 0
         add("requests_ok", ok_n > 0, f"{lab}: {ok_n} successful requests", lab, ok_n, 1)
+        itl, itl_src = itl_source(b)
         for name, metric, q, limit in latency_checks:
             if limit is None:
                 continue
-            v = _get(b, metric, q)
+            v, src = ((itl or {}).get(q), f" from {itl_src}") if metric == "itl_ms" else (_get(b, metric, q), "")
             if v is None:
-                add(name, False, f"{lab}: {metric} {q} unavailable (limit {limit} ms)", lab, None, limit)
+                add(name, False, f"{lab}: {metric} {q} unavailable{src} (limit {limit} ms)", lab, None, limit)
             else:
-                add(name, v <= limit, f"{lab}: {metric} {q} {v:.1f} ms {'<=' if v <= limit else '>'} {limit} ms",
+                add(name, v <= limit, f"{lab}: {metric} {q} {v:.1f} ms{src} {'<=' if v <= limit else '>'} {limit} ms",
                     lab, v, limit)
         er = b.get("error_rate")
         if er is None:
@@ -122,13 +148,18 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                                              ("itl_p90", "itl_ms", vs.itl_p90)):
                     if factor is None:
                         continue
-                    cv, sv = _get(b, metric, "p90"), _get(s, metric, "p90")
+                    if metric == "itl_ms":
+                        (cd, csrc), (sd, ssrc) = itl_source(b), itl_source(s)
+                        cv, sv = (cd or {}).get("p90"), (sd or {}).get("p90")
+                        src = f" (candidate from {csrc}, stable from {ssrc})"
+                    else:
+                        cv, sv, src = _get(b, metric, "p90"), _get(s, metric, "p90"), ""
                     if cv is None or not sv:
-                        add(f"vs_stable_{name}", False, f"{lab}: {name} cannot be compared (candidate {cv}, stable {sv})", lab)
+                        add(f"vs_stable_{name}", False, f"{lab}: {name} cannot be compared (candidate {cv}, stable {sv}){src}", lab)
                         continue
                     r = cv / sv
                     add(f"vs_stable_{name}", r <= factor,
-                        f"{lab}: {name} {cv:.1f} ms is {r:.2f}x stable {sv:.1f} ms (limit {factor}x)", lab, r, factor)
+                        f"{lab}: {name} {cv:.1f} ms is {r:.2f}x stable {sv:.1f} ms (limit {factor}x){src}", lab, r, factor)
 
     failed = [c for c in checks if not c["ok"]]
     return {"verdict": "rollback" if failed else "promote",

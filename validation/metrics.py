@@ -10,6 +10,9 @@ import math
 from typing import Iterable
 
 PCTS = (50, 90, 95, 99)
+# Above this many tokens per chunk on average the server batches its stream (Ray Serve does):
+# client chunk gaps are then chunk-level, not inter-token latency.
+CHUNK_LEVEL_TOKENS = 1.5
 
 
 def percentile(sorted_vals: list[float], p: float) -> float:
@@ -54,6 +57,11 @@ def per_request(rec: dict, from_scheduled: bool = False) -> dict:
     return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": itl, "tokens": ntok, "chunks": len(ct)}
 
 
+def itl_level(tokens_per_chunk_mean: float | None) -> str:
+    """"chunk" when the client's gaps span several tokens each, else "token"."""
+    return "chunk" if tokens_per_chunk_mean is not None and tokens_per_chunk_mean > CHUNK_LEVEL_TOKENS else "token"
+
+
 def is_ok(rec: dict) -> bool:
     return rec.get("error") is None and rec.get("status") == 200 and rec.get("first_content") is not None
 
@@ -79,6 +87,7 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
         "tpot_ms": summary(p["tpot"] for p in pr),
         "e2e_ms": summary(p["e2e"] for p in pr),
         "tokens_per_chunk": summary(tok_per_chunk),
+        "itl_level": itl_level(summary(tok_per_chunk)["mean"]),
         "output_tokens": summary(tokens),
         "requests_missing_usage": sum(1 for p in pr if p["tokens"] is None),
         "request_throughput_rps": len(ok) / wall_s if wall_s > 0 else 0.0,

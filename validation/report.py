@@ -9,6 +9,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from validation.gate import bench_label, itl_source  # noqa: E402
+from validation.server_metrics import side_by_side  # noqa: E402
+
 
 def _fmt(v) -> str:
     return "–" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
@@ -19,16 +22,35 @@ def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
     lines += ["## Reasons", ""] + [f"- {r}" for r in decision["reasons"]] + [""]
     if benches:
         lines += ["## Benchmarks (ms)", "",
-                  "| run | ok | err | TTFT p50 | TTFT p90 | TTFT p99 | ITL p90 | ITL p99 | TPOT p90 | TPOT p99 | goodput req/s | client |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        from validation.gate import bench_label
+                  "| run | ok | err | TTFT p50 | TTFT p90 | TTFT p99 | ITL p90 | ITL p99 | TPOT p90 | TPOT p99 | tokens/chunk "
+                  "| goodput req/s | client |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        notes = []
         for i, b in enumerate(benches):
             g = lambda m, q: _fmt((b.get(m) or {}).get(q))  # noqa: E731
             ch = "BOTTLENECK" if (b.get("client_health") or {}).get("client_bottleneck") else "ok"
+            chunk = " (chunk)" if b.get("itl_level") == "chunk" else ""
+            if chunk:
+                notes.append(f"- {bench_label(b, i)}: ITL (chunk) is the gap between streamed chunks, not between "
+                             f"tokens; the gate used {itl_source(b)[1]}.")
             lines.append(f"| {bench_label(b, i)} | {b.get('requests_ok')} | {b.get('errors')} | {g('ttft_ms', 'p50')} | "
-                         f"{g('ttft_ms', 'p90')} | {g('ttft_ms', 'p99')} | {g('itl_ms', 'p90')} | {g('itl_ms', 'p99')} | "
-                         f"{g('tpot_ms', 'p90')} | {g('tpot_ms', 'p99')} | {_fmt(b.get('goodput_rps'))} | {ch} |")
-        lines.append("")
+                         f"{g('ttft_ms', 'p90')} | {g('ttft_ms', 'p99')} | {g('itl_ms', 'p90')}{chunk} | "
+                         f"{g('itl_ms', 'p99')}{chunk} | {g('tpot_ms', 'p90')} | {g('tpot_ms', 'p99')} | "
+                         f"{g('tokens_per_chunk', 'mean')} | {_fmt(b.get('goodput_rps'))} | {ch} |")
+        lines += [""] + notes + ([""] if notes else [])
+        sbs = [(bench_label(b, i), r) for i, b in enumerate(benches) for r in side_by_side(b)]
+        if sbs:
+            lines += ["## Client vs server (ms)", "",
+                      "Server figures are the run's histogram deltas (quantiles interpolated inside buckets); "
+                      "client minus server is the client and network overhead.", "",
+                      "| run | phase | client p50 | server p50 | client p90 | server p90 | client p99 | server p99 "
+                      "| server metric |",
+                      "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            for lab, r in sbs:
+                lines.append(f"| {lab} | {r['phase']} | " + " | ".join(
+                    f"{_fmt(r[f'client_{q}'])} | {_fmt(r[f'server_{q}'])}" for q in ("p50", "p90", "p99"))
+                    + f" | {r['metric']} |")
+            lines.append("")
     if compat:
         lines += ["## Compatibility", "", "| case | status | required | detail |", "| --- | --- | --- | --- |"]
         for c in compat.get("cases", []):
@@ -62,7 +84,6 @@ def _save(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
 
 def plots(benches: list[dict], out: Path) -> list[Path]:
     files = []
-    from validation.gate import bench_label
     for metric, title in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL")):
         if not any((b.get("samples") or {}).get(metric) for b in benches):
             continue

@@ -158,16 +158,24 @@ def kv_evidence(before: list[Sample], after: list[Sample]) -> dict:
             "kv_transfer_observed": kv > 0}
 
 
-def diff(before_text: str, after_text: str) -> dict:
-    b, a = parse(before_text), parse(after_text)
+def selected(samples: list[Sample], select: dict[str, list[str]] | None) -> list[Sample]:
+    """Samples whose labels take one of the allowed values (one endpoint can carry several slots)."""
+    if not select:
+        return samples
+    return [s for s in samples if all(dict(s[1]).get(k) in allowed for k, allowed in select.items())]
+
+
+def diff(before_text: str, after_text: str, select: dict[str, list[str]] | None = None) -> dict:
+    b, a = selected(parse(before_text), select), selected(parse(after_text), select)
     return {"histograms": histogram_deltas(b, a), "kv": kv_evidence(b, a)}
 
 
 class Scraper:
     """before() ... after() around a run; tolerant: a failed scrape is recorded, not raised."""
 
-    def __init__(self, url: str | None):
+    def __init__(self, url: str | None, select: dict[str, list[str]] | None = None):
         self.url = url
+        self.select = select
         self._before: str | None = None
         self.error: str | None = None
 
@@ -184,8 +192,31 @@ class Scraper:
         if self._before is None:
             return {"error": self.error or "no before scrape", "url": self.url}
         try:
-            res = diff(self._before, scrape(self.url))
+            res = diff(self._before, scrape(self.url), self.select)
         except Exception as e:  # noqa: BLE001
             return {"error": f"after scrape: {e}", "url": self.url}
         res["url"] = self.url
         return res
+
+
+# client metric -> the server histogram that measures the same phase
+CLIENT_SERVER = (("ttft_ms", "time_to_first_token_seconds"), ("itl_ms", "inter_token_latency_seconds"),
+                 ("tpot_ms", "request_time_per_output_token_seconds"))
+
+
+def side_by_side(bench: dict) -> list[dict]:
+    """Client vs server p50/p90/p99 per phase for one run. Prometheus histograms allow no
+    per-request join, so the run-window deltas stand side by side; client minus server is the
+    client + network overhead (server quantiles are interpolated inside buckets)."""
+    hists = (bench.get("server") or {}).get("histograms") or {}
+    rows = []
+    for key, hist in CLIENT_SERVER:
+        h = hists.get(hist)
+        if not h or not h.get("count"):
+            continue
+        c = bench.get(key) or {}
+        row = {"phase": key[:-3], "metric": h["metric"], "server_count": h["count"]}
+        for q in ("p50", "p90", "p99"):
+            row[f"client_{q}"], row[f"server_{q}"] = c.get(q), h.get(f"{q}_ms")
+        rows.append(row)
+    return rows
