@@ -3,20 +3,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from workflows.errors import InputError
+from workflows.targets.base import TargetError
 
 EPILOG = """\
+The main job, end to end on this machine (Ray + vLLM CPU + a tiny local model):
+  pdops release                        check, roll out a candidate, validate, promote or roll back
+  pdops status / rollback / down       what serves; restore the last good release; stop the stack
+
 The flow of a release, one command per stage:
   pdops render overlays/local          the full manifest, serve config in spec.serveConfigV2
   pdops check overlays/prod            what is wrong, before anything reaches a cluster
   pdops check -f rendered.yaml --json  the same for an already rendered manifest, for machines
   pdops build-config overlays/dev      the Ray Serve LLM application config alone
 
-Exit codes: 0 ok, 1 findings / verdict rollback, 2 bad input or usage.
+Exit codes: 0 ok / promoted, 1 findings / rolled back / target failure, 2 bad input or usage.
 Settings: PDOPS_SCHEMA_DIR (pinned CRD/JSON schemas; default ../shared/schemas).
 """
 
@@ -137,19 +143,24 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
 
-    for module in ("validation.cli", "workflows.argo"):  # commands owned by those modules
+    for module in ("workflows.release_cli", "validation.cli", "workflows.argo"):  # commands owned by those modules
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Ray Serve LLM's config models import vLLM, whose import-time notices would bury our output.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2
+    except TargetError as exc:
+        print(f"failed: {exc.render()}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

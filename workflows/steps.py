@@ -1,6 +1,8 @@
 """The pipeline stages as plain typed functions: what `pdops` commands and Argo steps call."""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +11,8 @@ from workflows.checks.rules import lint
 from workflows.errors import InputError
 from workflows.manifest import Rendered, load_manifest, render
 from workflows.serve_config import build_serve_config, validate_with_ray
-from workflows.spec import load_spec
+from workflows.spec import ReleaseSpec, load_spec
+from workflows.targets.base import Endpoint, Progress, ReleaseRecord, Target, TargetError
 
 
 def build_config(overlay: Path) -> dict[str, Any]:
@@ -50,3 +53,171 @@ def load_release(overlay: str | None, manifest: str | None) -> Rendered:
 
 def blocking(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == "error"]
+
+
+# ---- the release: rollout -> validate -> gate -> promote | rollback --------------------------------
+
+def revision_of(path: Path) -> str:
+    """The git commit the overlay was rendered from, `-dirty` when the worktree differs from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=path, capture_output=True, text=True).stdout.strip()
+
+    sha = git("rev-parse", "HEAD")
+    if not sha:
+        return "worktree"
+    return sha + ("-dirty" if git("status", "--porcelain", "--", ".", "../../kustomize") else "")
+
+
+def new_run_dir(root: Path, environment: str) -> Path:
+    """A fresh run folder, proven writable before anything is deployed."""
+    run = Path(root) / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{environment}"
+    try:
+        run.mkdir(parents=True, exist_ok=False)
+        probe = run / ".writable"
+        probe.write_text("ok")
+        probe.unlink()
+    except FileExistsError:
+        raise InputError(run, "", "run folder already exists (two releases in the same second?)",
+                         "wait a second and run again") from None
+    except OSError as exc:
+        raise InputError(run, "", f"cannot write the run folder: {exc.strerror}",
+                         "free disk space or pass a writable --runs DIR") from None
+    return run
+
+
+def record_of(rendered: Rendered, revision: str) -> ReleaseRecord:
+    assert rendered.spec is not None
+    return ReleaseRecord.of(rendered.text(), rendered.spec.name, rendered.spec.model.id, revision)
+
+
+def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progress: Progress,
+                       reference: list[dict] | None, stable_report: str | None = None,
+                       api_key: str | None = None) -> dict[str, Any]:
+    """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report."""
+    from validation import compat as compat_suite
+    from validation import gate, golden, profiles, report
+    from validation.bench import run_bench
+
+    progress(f"[validate] compatibility suite against {endpoint.base_url}")
+    policy = spec.validation.compat
+    compat = compat_suite.run(endpoint.base_url, spec.model.id, api_key=api_key, optional=policy.optional,
+                              api_key_required=policy.api_key_required, progress=progress)
+    _dump(run / "compat.json", compat)
+    benches = []
+    for i, load in enumerate(spec.validation.load):
+        bench = run_bench(endpoint.base_url, spec.model.id, profiles.get(load.profile),
+                          concurrency=None if load.rate else load.concurrency, rate=load.rate,
+                          requests=load.requests if not load.duration_s else None, duration=load.duration_s,
+                          warmup=load.warmup_requests, metrics_url=endpoint.metrics_url,
+                          metrics_select=endpoint.metrics_labels or None, api_key=api_key,
+                          goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
+                          progress=progress)
+        _dump(run / f"bench-{i}-{load.profile}.json", bench)
+        benches.append(bench)
+    matched = None
+    if reference is not None:
+        progress(f"[validate] golden tokens: {len(reference)} prompts against the single-engine reference")
+        answers = golden.collect(endpoint.base_url, spec.model.id, golden.prompts(len(reference)),
+                                 spec.validation.golden_max_tokens, api_key)
+        matched = golden.compare(reference, answers)
+        _dump(run / "golden.json", matched)
+    stable = None
+    if stable_report:
+        try:
+            stable = json.loads((Path(stable_report) / "report.json").read_text()).get("benches")
+        except (OSError, ValueError):
+            progress(f"[validate] the stable release's report is unreadable ({stable_report}); no vs-stable check")
+    decision = gate.decide(compat, benches, spec.slo, stable, matched)
+    files = report.write(run, decision, compat, benches)
+    return {"decision": decision, "report": files, "golden": matched}
+
+
+def _dump(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+
+
+def release(overlay: Path, target: Target, run: Path, progress: Progress, *, revision: str | None = None,
+            ready_timeout_s: float = 1200, schema_dir: Path | None = None, api_key: str | None = None) -> dict:
+    """One release end to end. Returns the outcome (also written to RUN/release.json).
+
+    Nothing is applied before build-config and every check pass. Once the candidate is applied,
+    every way out (verdict rollback, target failure, crash of a step, Ctrl-C) ends in rollback, so
+    the stable slot is never left beside a half-done candidate."""
+    from workflows.checks.schema import schema_dir_from_env
+
+    started = time.monotonic()
+    outcome: dict[str, Any] = {"overlay": str(overlay), "run": str(run), "target": target.kind}
+
+    def finish(verdict: str, reasons: list[str], **extra: Any) -> dict:
+        outcome.update(verdict=verdict, reasons=reasons, seconds=round(time.monotonic() - started, 1), **extra)
+        _dump(run / "release.json", outcome)
+        return outcome
+
+    from workflows.manifest import dump_yaml
+
+    progress("[1/5 build-config] release spec -> Ray Serve LLM config (validated by Ray's own models) -> "
+             "kustomize render")
+    rendered = load_release(str(overlay), None)
+    (run / "serve-config.yaml").write_text(dump_yaml(rendered.serve_config), encoding="utf-8")
+    progress("[2/5 check] cross-layer rules and pinned schemas, before anything is applied")
+    findings = check_rendered(rendered, schema_dir or schema_dir_from_env())
+    _dump(run / "check.json", [f.to_dict() for f in findings])
+    if blocking(findings):
+        return finish("blocked", [f.render() for f in blocking(findings)])
+    (run / "manifest.yaml").write_text(rendered.text(), encoding="utf-8")
+    spec = rendered.spec
+    assert spec is not None
+    record = record_of(rendered, revision or revision_of(overlay))
+    outcome.update(release=record.short(), digest=record.digest, revision=record.revision)
+
+    with target.session():
+        status = target.status()
+        pending = status.candidate.release
+        if pending is not None and pending.digest != record.digest:
+            progress(f"[rollout] found a half-done candidate {pending.short()} from an earlier run: undoing it")
+            target.rollback([f"left half way by an earlier run; superseded by {record.short()}"], None, progress)
+        stable = status.stable.release
+        if stable is not None and stable.digest == record.digest:
+            if status.stable.state == "ready":
+                progress(f"[release] {record.short()} is already stable and serving: nothing to do")
+                return finish("unchanged", ["the rendered manifest equals the stable release's"])
+            progress(f"[release] {record.short()} is the stable release but is {status.stable.state}: restoring it")
+            undo = target.rollback([f"stable was {status.stable.state}"], None, progress)
+            return finish("unchanged", ["the rendered manifest equals the stable release's; restored it"],
+                          action=undo)
+
+        reference = None
+        if spec.validation.golden_prompts:
+            from validation import golden
+
+            reference = target.reference(record, golden.prompts(spec.validation.golden_prompts),
+                                         spec.validation.golden_max_tokens, progress)
+
+        progress(f"[3/5 rollout] {record.short()} as the candidate on the {target.kind} target")
+        try:
+            record = target.apply(record, progress)
+            endpoint = target.wait_ready(ready_timeout_s, progress)
+            progress(f"[4/5 validate] candidate at {endpoint.base_url}")
+            last_good = target.status().last_good
+            result = validate_candidate(endpoint, spec, run, progress, reference,
+                                        last_good.report if last_good else None, api_key)
+        except TargetError as exc:
+            reasons = [f"candidate failed on the target: {exc.problem}", *exc.details]
+            progress("[5/5 rollback] " + reasons[0])
+            undo = target.rollback(reasons, str(run), progress)
+            return finish("failed", reasons, action=undo)
+        except BaseException as exc:  # a crash or Ctrl-C after apply must not leave the candidate
+            progress(f"[5/5 rollback] release interrupted ({type(exc).__name__}): undoing the candidate")
+            target.rollback([f"release interrupted: {type(exc).__name__}: {exc}"], str(run), progress)
+            raise
+        decision = result["decision"]
+        outcome.update(report=result["report"], checks_failed=decision["failed"], checks_passed=decision["passed"])
+        if decision["verdict"] == "promote":
+            progress("[5/5 promote] every gate passed")
+            target.promote(decision["reasons"], str(run), progress)
+            return finish("promote", decision["reasons"])
+        progress(f"[5/5 rollback] {decision['failed']} gate check(s) failed")
+        undo = target.rollback(decision["reasons"], str(run), progress)
+        return finish("rollback", decision["reasons"], action=undo)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
@@ -90,6 +91,9 @@ class TargetError(Exception):
 class Target(Protocol):
     kind: str
 
+    def session(self) -> AbstractContextManager[None]:
+        """Held for a whole release; a second release on the same target fails at once (TargetError)."""
+
     def status(self) -> TargetStatus:
         """Both slots and the last good release, read from the target (never from memory)."""
 
@@ -117,6 +121,11 @@ class Target(Protocol):
 
     def history(self) -> list[ReleaseRecord]:
         """Decided releases, oldest first."""
+
+    def reference(self, record: ReleaseRecord, prompts: list[str], max_tokens: int,
+                  progress: Progress) -> list[dict] | None:
+        """Answers of one non-disaggregated engine of the record's model to `prompts` (greedy, token
+        ids; validation.golden.complete), or None when this target cannot run such an engine."""
 
 
 HISTORY_KEEP = 20

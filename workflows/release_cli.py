@@ -1,0 +1,253 @@
+"""`pdops release | rollout | promote | rollback | status | down`: the commands that act on a target.
+
+The same commands run by hand, in CI and as Argo steps (`--target kubernetes`). Progress goes to
+stderr as it happens; the result goes to stdout (readable, or JSON with --json).
+Exit codes: 0 promoted / done / unchanged, 1 rolled back or failed, 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from workflows.errors import InputError
+from workflows.targets.base import Target, TargetError, TargetStatus
+
+RELEASE_HELP = """\
+Runs the whole pipeline on one overlay:
+  1 build-config  release.yaml -> Ray Serve LLM P/D config, validated by Ray's own models
+  2 check         kustomize render, cross-layer rules, pinned schemas (nothing applied on findings)
+  3 rollout       the candidate slot, beside the stable one, until Serve reports it RUNNING
+  4 validate      OpenAI-compatibility suite, the release's latency loads (TTFT prefill+KV,
+                  ITL/TPOT decode, server histograms, KV-transfer evidence), golden tokens equal
+                  to a single-engine reference, then the SLO gate from release.yaml
+  5 promote       the candidate takes the stable route, or rollback: it is removed, stable untouched
+Reports (JSON, Markdown, PNG) land in a run folder whose path is printed first and last.
+
+examples:
+  pdops release                               the embedded default: overlays/local on this machine
+  pdops release --overlay overlays/local --json
+  pdops status                                what is stable, what is pending, the last good release
+  pdops rollback                              restore the last good release (e.g. after a crash)
+"""
+
+
+def _progress(started: float):
+    def say(msg: str) -> None:
+        m, s = divmod(int(time.monotonic() - started), 60)
+        print(f"[{m:02d}:{s:02d}] {msg}", file=sys.stderr, flush=True)
+    return say
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def open_target(args: argparse.Namespace) -> Target:
+    if args.target == "kubernetes":
+        from workflows.targets.kubernetes import KubernetesTarget
+
+        if not args.namespace:
+            raise InputError("--namespace", "", "the kubernetes target needs a namespace", "pass --namespace llm-<env>")
+        return KubernetesTarget(args.namespace, kubeconfig=args.kubeconfig, context=args.context,
+                                dry_run=args.dry_run)
+    from workflows.targets.local import LocalTarget
+
+    return LocalTarget()
+
+
+def _refuse_local_dry_run(args: argparse.Namespace) -> None:
+    if args.dry_run and args.target == "local":
+        raise InputError("--dry-run", "", "the local target has no dry run",
+                         "use `pdops check OVERLAY` to see what would be applied")
+
+
+def _emit(args: argparse.Namespace, data: dict, text: str) -> None:
+    if args.json:
+        json.dump(data, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        print(text)
+
+
+def _api_key() -> str | None:
+    return os.environ.get("PDOPS_API_KEY") or None
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from workflows.steps import new_run_dir, release
+
+    say = _progress(time.monotonic())
+    overlay = Path(args.overlay)
+    if not (overlay / "kustomization.yaml").is_file():
+        raise InputError(overlay, "", "not an overlay directory (no kustomization.yaml)", "pass e.g. overlays/local")
+    run = new_run_dir(Path(args.runs), overlay.name)
+    say(f"[release] {overlay} -> {args.target} target; run folder {run}")
+    target = open_target(args)
+    try:
+        out = release(overlay, target, run, say, revision=args.revision, ready_timeout_s=args.timeout,
+                      api_key=_api_key())
+    except TargetError as exc:
+        say(f"[release] failed: {exc.render()}")
+        print(f"FAILED: {exc.problem}\nrun folder: {run}")
+        return 1
+    verdict = out["verdict"]
+    lines = [f"{verdict.upper()}: {out.get('release', overlay)} in {out['seconds']:.0f}s"]
+    lines += [f"  - {r}" for r in out["reasons"][:12]]
+    if out.get("report"):
+        lines.append(f"report: {out['report']['markdown']}")
+    lines.append(f"run folder: {run}")
+    _emit(args, out, "\n".join(lines))
+    return 0 if verdict in ("promote", "unchanged") else 1
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    """Argo's rollout step: render + check the overlay, apply it as the candidate, wait until it serves."""
+    from workflows.checks.schema import schema_dir_from_env
+    from workflows.steps import blocking, check_rendered, load_release, record_of, revision_of
+
+    say = _progress(time.monotonic())
+    rendered = load_release(args.overlay, None)
+    errors = blocking(check_rendered(rendered, schema_dir_from_env()))
+    if errors:
+        for f in errors:
+            print(f.render(), file=sys.stderr)
+        return 1
+    record = record_of(rendered, args.revision or revision_of(Path(args.overlay)))
+    target = open_target(args)
+    _refuse_local_dry_run(args)
+    with target.session():
+        record = target.apply(record, say)
+        if args.dry_run:
+            _emit(args, {"dry_run": True, "release": record.short()}, f"dry run: {record.short()} would roll out")
+            return 0
+        endpoint = target.wait_ready(args.timeout, say)
+    _emit(args, {"release": record.short(), "colour": record.colour, "endpoint": endpoint.model_dump()},
+          f"candidate {record.short()} ({record.colour}) serves at {endpoint.base_url}")
+    return 0
+
+
+def _reasons(report: str | None) -> list[str]:
+    if not report:
+        return []
+    try:
+        return json.loads((Path(report) / "report.json").read_text())["decision"]["reasons"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    say = _progress(time.monotonic())
+    _refuse_local_dry_run(args)
+    target = open_target(args)
+    record = target.promote(_reasons(args.report) or ["promoted by hand"], args.report, say)
+    _emit(args, {"promoted": record.short(), "colour": record.colour}, f"stable is now {record.short()}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    say = _progress(time.monotonic())
+    _refuse_local_dry_run(args)
+    target = open_target(args)
+    if args.if_candidate_pending and target.status().candidate.release is None:
+        _emit(args, {"action": "none"}, "no candidate pending: nothing to roll back")
+        return 0
+    reasons = _reasons(args.report) or [args.reason]
+    action = target.rollback(reasons, args.report, say, to_previous=args.to_previous)
+    _emit(args, {"action": action}, action)
+    return 0
+
+
+def _status_text(st: TargetStatus, history: list) -> str:
+    lines = [f"target: {st.target}"]
+    for slot in (st.stable, st.candidate):
+        if slot.release is None:
+            lines.append(f"{slot.slot:9}  -")
+            continue
+        where = f"  {slot.endpoint.base_url}" if slot.endpoint else ""
+        lines.append(f"{slot.slot:9}  {slot.release.short()} [{slot.release.colour}] {slot.state}{where}"
+                     + (f"  ({slot.detail[:120]})" if slot.detail else ""))
+    lines.append(f"last good  {st.last_good.short() if st.last_good else '-'}")
+    if history:
+        lines.append("history (newest first):")
+        for r in reversed(history[-8:]):
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.decided_at or r.applied_at))
+            lines.append(f"  {when}  {r.verdict:9}  {r.short()}  {(r.reasons or [''])[0][:90]}")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    target = open_target(args)
+    st, history = target.status(), target.history()
+    strip = {"manifest"}
+    data = st.model_dump(exclude={"stable": {"release": strip}, "candidate": {"release": strip}, "last_good": strip})
+    data["history"] = [r.model_dump(exclude=strip) for r in history]
+    _emit(args, data, _status_text(st, history))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from workflows.targets.local import LocalTarget
+
+    stopped = LocalTarget().down(_progress(time.monotonic()))
+    print("stopped the local stack (slots and history kept; `pdops rollback` or a release brings stable back)"
+          if stopped else "the local stack is not running")
+    return 0
+
+
+def register(sub) -> None:
+    def target_flags(p: argparse.ArgumentParser, overlay: bool = False) -> None:
+        p.add_argument("--target", choices=("local", "kubernetes"), default="local",
+                       help="local: Ray on 127.0.0.1 (default); kubernetes: the cluster of your kubeconfig")
+        if overlay:
+            p.add_argument("--overlay", default="overlays/local", help="overlay directory (default overlays/local)")
+        p.add_argument("--namespace", help="kubernetes: namespace of the RayServices (llm-<env>)")
+        p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)")
+        p.add_argument("--context", help="kubernetes: kubeconfig context")
+        p.add_argument("--dry-run", type=_bool, default=False, metavar="BOOL",
+                       help="kubernetes: server-side dry run, nothing persisted (default false)")
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("release", help="the whole pipeline on one overlay: check, rollout, validate, promote|rollback",
+                       description=RELEASE_HELP, formatter_class=fmt)
+    target_flags(p, overlay=True)
+    p.add_argument("--revision", help="git revision to record (default: HEAD of the overlay's repo, -dirty if edited)")
+    p.add_argument("--runs", default="runs", help="where run folders go (default runs/)")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds to wait for the candidate (default 1200)")
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("rollout", help="(step) render+check an overlay, deploy it as the candidate, wait until ready")
+    target_flags(p, overlay=True)
+    p.add_argument("--revision", help="git revision to record")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the candidate")
+    p.set_defaults(func=cmd_rollout)
+
+    p = sub.add_parser("promote", help="(step) the candidate takes the stable name; recorded as the last good release")
+    target_flags(p, overlay=True)
+    p.add_argument("--report", help="the gate's report folder (its reasons go into the history)")
+    p.set_defaults(func=cmd_promote)
+
+    p = sub.add_parser("rollback", help="drop a pending candidate and make sure stable serves the last good release")
+    target_flags(p, overlay=True)
+    p.add_argument("--if-candidate-pending", action="store_true",
+                   help="do nothing unless a candidate is pending (Argo's exit handler)")
+    p.add_argument("--to-previous", action="store_true",
+                   help="the stable release regressed: mark it so and restore the good release before it")
+    p.add_argument("--report", help="the gate's report folder (its reasons go into the history)")
+    p.add_argument("--reason", default="rolled back by hand", help="why, for the history")
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("status", help="what is stable, what is pending, the last good release and the history")
+    target_flags(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("down", help="stop the local stack pdops started (slots and history stay on disk)")
+    p.set_defaults(func=cmd_down)
