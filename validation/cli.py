@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
+
+from workflows.errors import InputError
 
 
 def _err(msg: str) -> None:
@@ -15,9 +19,47 @@ def _err(msg: str) -> None:
 def _write_json(path: str | None, data: dict) -> None:
     if path:
         p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(data, indent=2, default=str))
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(data, indent=2, default=str))
+        except OSError as exc:
+            raise InputError(p, "", f"cannot write: {exc.strerror}") from None
         _err(f"wrote {p}")
+
+
+# ---- argument types: a bad flag is a usage error (exit 2) before any request is sent ----------
+def _http_url(text: str) -> str:
+    url = urlparse(text)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"expected http(s)://HOST[:PORT]/PATH, got {text!r}")
+    return text
+
+
+def _number(kind, low: float, low_ok: bool):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (value == low and not low_ok):
+            raise argparse.ArgumentTypeError(f"expected a finite number {'>=' if low_ok else '>'} {low:g}, got {text!r}")
+        return value
+    return parse
+
+
+_positive_int, _count, _positive = _number(int, 0, False), _number(int, 0, True), _number(float, 0, False)
+
+
+def _output_file(text: str) -> str:
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; expected a file to write")
+    return text
+
+
+def _output_dir(text: str) -> str:
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    return text
 
 
 def _fmt(v) -> str:
@@ -31,11 +73,11 @@ def cmd_compat(args) -> int:
     if args.api_key_env and not api_key:
         _err(f"warning: ${args.api_key_env} is empty")
     optional = [s for s in (args.optional or "").split(",") if s]
-    unknown = [o for o in optional if o not in compat.CASES]
+    only = [s for s in (args.only or "").split(",") if s] or None
+    unknown = [o for o in optional + (only or []) if o not in compat.CASES]
     if unknown:
         _err(f"unknown compat case(s): {', '.join(unknown)}; known: {', '.join(compat.CASES)}")
         return 2
-    only = [s for s in (args.only or "").split(",") if s] or None
     res = compat.run(args.base_url, args.model, api_key=api_key, optional=optional,
                      api_key_required=args.api_key_required or bool(api_key), only=only, progress=_err)
     print(compat.table(res))
@@ -102,15 +144,34 @@ def cmd_bench(args) -> int:
 
 # ---- gate -----------------------------------------------------------------------------------
 def _load(path: str) -> dict | list:
-    return json.loads(Path(path).read_text())
+    """A JSON report named on the command line; anything else is bad input naming the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(path, "", "file not found", "pass a file written by `pdops compat/bench --json`") from None
+    except OSError as exc:
+        raise InputError(path, "", f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(path, "", f"not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(path, f"line {exc.lineno}, column {exc.colno}", f"invalid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise InputError(path, "", "invalid JSON: nested too deeply") from None
+    if not isinstance(data, (dict, list)):
+        raise InputError(path, "", f"expected a JSON object or list, got {type(data).__name__}")
+    return data
 
 
-def _benches_of(obj) -> list[dict]:
+def _benches_of(obj, path: str) -> list[dict]:
     if isinstance(obj, list):
-        return obj
-    if obj.get("kind") == "bench":
-        return [obj]
-    return obj.get("benches", [])
+        benches = obj
+    elif obj.get("kind") == "bench":
+        benches = [obj]
+    else:
+        benches = obj.get("benches", [])
+    if not isinstance(benches, list) or not all(isinstance(b, dict) for b in benches):
+        raise InputError(path, "", "expected a bench report (JSON object), a list of them, or {\"benches\": [...]}")
+    return benches
 
 
 def cmd_gate(args) -> int:
@@ -123,8 +184,10 @@ def cmd_gate(args) -> int:
         _err(f"cannot load release spec from {release.parent}: {e}")
         return 2
     compat = _load(args.compat) if args.compat else None
-    benches = [b for f in args.bench for b in _benches_of(_load(f))]
-    stable = _benches_of(_load(args.stable_report)) if args.stable_report else None
+    if compat is not None and not isinstance(compat, dict):
+        raise InputError(args.compat, "", "expected the JSON object `pdops compat --json` writes, got a list")
+    benches = [b for f in args.bench for b in _benches_of(_load(f), f)]
+    stable = _benches_of(_load(args.stable_report), args.stable_report) if args.stable_report else None
     decision = gate.decide(compat, benches, slo, stable)
     files = report.write(args.out, decision, compat, benches)
     print(f"verdict: {decision['verdict']}")
@@ -138,36 +201,36 @@ def cmd_gate(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("compat", help="OpenAI-compatibility suite against a serving endpoint")
-    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--base-url", required=True, type=_http_url, help="e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True)
     p.add_argument("--api-key-env", help="environment variable holding the API key")
     p.add_argument("--api-key-required", action="store_true", help="also check that a wrong key gets 401")
     p.add_argument("--optional", default="", help="comma-separated cases that do not block")
     p.add_argument("--only", default="", help="comma-separated cases to run")
-    p.add_argument("--json", help="write result JSON here")
+    p.add_argument("--json", type=_output_file, help="write result JSON here")
     p.set_defaults(func=cmd_compat)
 
     p = sub.add_parser("bench", help="streaming latency benchmark (TTFT, ITL, TPOT, goodput)")
-    p.add_argument("--base-url", required=True)
+    p.add_argument("--base-url", required=True, type=_http_url)
     p.add_argument("--model", required=True)
     p.add_argument("--profile", help="long-prompt-short-output | short-prompt-long-output | balanced")
-    p.add_argument("--prompt-tokens", type=int)
-    p.add_argument("--output-tokens", type=int)
+    p.add_argument("--prompt-tokens", type=_positive_int)
+    p.add_argument("--output-tokens", type=_positive_int)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--concurrency", type=int, help="closed loop with this many in flight")
-    g.add_argument("--rate", type=float, help="open loop at this many requests/s")
+    g.add_argument("--concurrency", type=_positive_int, help="closed loop with this many in flight")
+    g.add_argument("--rate", type=_positive, help="open loop at this many requests/s")
     p.add_argument("--poisson", action="store_true", help="Poisson arrivals for --rate")
-    p.add_argument("--requests", type=int)
-    p.add_argument("--duration", type=float, help="seconds")
-    p.add_argument("--warmup", type=int, default=0)
-    p.add_argument("--metrics-url", help="Prometheus endpoint to scrape before/after")
+    p.add_argument("--requests", type=_positive_int)
+    p.add_argument("--duration", type=_positive, help="seconds")
+    p.add_argument("--warmup", type=_count, default=0)
+    p.add_argument("--metrics-url", type=_http_url, help="Prometheus endpoint to scrape before/after")
     p.add_argument("--api-key-env")
     p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
-    p.add_argument("--goodput-ttft-ms", type=float)
-    p.add_argument("--goodput-tpot-ms", type=float)
+    p.add_argument("--goodput-ttft-ms", type=_positive)
+    p.add_argument("--goodput-tpot-ms", type=_positive)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=1, help="client processes sharing the load")
-    p.add_argument("--json", help="write result JSON here")
+    p.add_argument("--workers", type=_positive_int, default=1, help="client processes sharing the load")
+    p.add_argument("--json", type=_output_file, help="write result JSON here")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("gate", help="decide promote/rollback from compat + bench reports")
@@ -175,8 +238,8 @@ def register(sub) -> None:
     p.add_argument("--bench", nargs="+", required=True, help="bench JSON file(s)")
     p.add_argument("--release", required=True, help="overlays/<env>/release.yaml")
     p.add_argument("--stable-report", help="stable release's bench/report JSON")
-    p.add_argument("--out", required=True, help="report directory")
-    p.add_argument("--json", help="also write the decision JSON here")
+    p.add_argument("--out", required=True, type=_output_dir, help="report directory")
+    p.add_argument("--json", type=_output_file, help="also write the decision JSON here")
     p.set_defaults(func=cmd_gate)
 
 

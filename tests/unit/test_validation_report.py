@@ -92,7 +92,7 @@ def test_register_sets_func():
     import argparse
     ap = argparse.ArgumentParser()
     register(ap.add_subparsers(dest="cmd"))
-    for argv in (["compat", "--base-url", "u", "--model", "m"],
-                 ["bench", "--base-url", "u", "--model", "m", "--profile", "balanced", "--concurrency", "1"],
+    for argv in (["compat", "--base-url", "http://127.0.0.1:8000/v1", "--model", "m"],
+                 ["bench", "--base-url", "http://127.0.0.1:8000/v1", "--model", "m", "--profile", "balanced", "--concurrency", "1"],
                  ["gate", "--bench", "f", "--release", "r", "--out", "o"]):
         assert callable(ap.parse_args(argv).func)
