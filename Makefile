@@ -7,7 +7,7 @@ setup:
 	bash scripts/setup.sh
 
 release: setup
-	bash scripts/release-local.sh
+	.venv/bin/pdops release --overlay overlays/local
 
 test: setup
 	.venv/bin/python -m pytest -q

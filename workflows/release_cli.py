@@ -179,7 +179,7 @@ def _status_text(st: TargetStatus, history: list) -> str:
         lines.append("history (newest first):")
         for r in reversed(history[-8:]):
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.decided_at or r.applied_at))
-            lines.append(f"  {when}  {r.verdict:9}  {r.short()}  {(r.reasons or [''])[0][:90]}")
+            lines.append(f"  {when}  {r.verdict:9}  {r.short()}  {(r.reasons or [''])[0].split(chr(10))[0][:90]}")
     return "\n".join(lines)
 
 

@@ -51,13 +51,13 @@ class Model(_Strict):
 class Accelerator(_Strict):
     kind: Literal["gpu", "cpu"] = "gpu"
     # Ray accelerator type of the GPU nodes (e.g. H100, A100, L40S); not used on CPU.
-    type: str | None = None
+    type: str | None = Field(None, max_length=64)
 
 
 class KVTransfer(_Strict):
-    connector: str = "NixlConnector"
+    connector: str = Field("NixlConnector", max_length=128)
     # NIXL transport backends. On EFA, LIBFABRIC is required: UCX falls back to TCP silently.
-    backends: list[str] = ["UCX"]
+    backends: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(["UCX"], max_length=8)
     buffer_device: Literal["cuda", "cpu"] = "cuda"
 
 
@@ -82,7 +82,7 @@ class Phase(_Strict):
     max_ongoing_requests: PositiveInt = Field(64, le=100000)
     # Extra vLLM engine arguments for this phase, merged over the generated ones.
     engine_kwargs: dict[str, Any] = {}
-    env: dict[Annotated[str, Field(pattern=ENV_NAME)], str] = {}
+    env: dict[Annotated[str, Field(pattern=ENV_NAME)], Annotated[str, Field(max_length=32768)]] = {}
 
     @field_validator("engine_kwargs")
     @classmethod
@@ -169,6 +169,14 @@ class _Loader(yaml.SafeLoader):
                                                         f"duplicate key {key!r}", key_node.start_mark)
         return super().construct_mapping(node, deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:  # an int past 4300 digits, a 30th of February...
+            kind = node.tag.rpartition(":")[2]
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read this {kind}: {str(exc).split(';')[0]}",
+                                                    node.start_mark) from None
+
 
 def _bad_char(text: str) -> str | None:
     """The first control, invisible-format (bidi override, zero-width) or surrogate character."""
@@ -179,7 +187,7 @@ def _bad_char(text: str) -> str | None:
 
 
 def _check_tree(doc: Any, file: str | os.PathLike[str]) -> None:
-    """Bound size and depth (aliases included) and refuse hidden characters, naming the field."""
+    """Bound size, depth (aliases included) and numbers; refuse hidden characters; name the field."""
     stack: list[tuple[tuple[Any, ...], Any]] = [((), doc)]
     nodes = 0
     while stack:
@@ -198,6 +206,9 @@ def _check_tree(doc: Any, file: str | os.PathLike[str]) -> None:
             texts, what = [], ""
         else:
             texts, what = [value] if isinstance(value, str) else [], "the value"
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not abs(value) < 2**63:
+            raise InputError(file, _field_path(loc), "number is infinite, not a number, or beyond 64 bits",
+                             "use a finite number within ±9.2e18")
         bad = next((b for b in map(_bad_char, texts) if b), None)
         if bad:
             raise InputError(file, _field_path(loc), f"{what} contains {bad}, a control or invisible character",

@@ -36,7 +36,7 @@ class Endpoint(BaseModel):
     base_url: str                    # OpenAI API root, ending in /v1
     metrics_url: str | None = None   # Prometheus text with vllm:* / ray_vllm_* (KV-transfer evidence)
     # Label filter selecting this slot's engines in a metrics endpoint shared by both slots.
-    metrics_labels: dict[str, str] = {}
+    metrics_labels: dict[str, list[str]] = {}   # label -> accepted values (any of them)
 
 
 class ReleaseRecord(BaseModel):

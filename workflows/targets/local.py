@@ -297,9 +297,10 @@ class LocalTarget:
         elif stable is None or stable.digest != good.digest:
             stable = good.model_copy(update={"colour": stable.colour if stable else good.colour or "blue"})
             done.append(f"restored last good {good.short()}")
+        serving = stable is not None and self.ray.pid() is not None and self._serving(stable)
         self._save(_Slots(stable=stable))
         self._declare(_Slots(stable=stable), progress)
-        if stable is not None and not self._serving(stable):
+        if stable is not None and not serving:
             progress(f"[rollback] waiting for {stable.short()} to serve")
             self._wait(stable, 900, progress, "rollback")
             done.append("stable serving again")

@@ -1,0 +1,200 @@
+"""The local target's slot, history and crash logic, on a stand-in for the Ray process.
+
+`FakeRay` replaces only the process and REST layer (LocalRay): it keeps the declared Serve
+applications and moves their status the way Serve does. Everything else is the real LocalTarget
+writing real state files. The real Ray path is exercised by tests/e2e (marked e2e).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from workflows.targets.base import ReleaseRecord, TargetError, last_good
+from workflows.targets.local import LocalTarget, worker_resources
+from workflows.targets.local_stack import Ports
+
+
+class FakeRay:
+    """Declared applications by name; each reaches `outcome` (RUNNING by default) on its next read."""
+
+    def __init__(self) -> None:
+        self.apps: dict[str, dict] = {}
+        self.running = False
+        self.fail: dict[str, str] = {}      # app name -> status it ends in instead of RUNNING
+        self.deploys = 0
+        self.log = Path("/dev/null")
+        self.metrics_url = "http://127.0.0.1:9/metrics"
+
+    def pid(self):
+        return 4242 if self.running else None
+
+    def start(self, resources, progress):
+        self.running = True
+
+    def resources(self):
+        return {"prefill_node": 2.0, "decode_node": 2.0}
+
+    def stop(self, progress):
+        was, self.running, self.apps = self.running, False, {}
+        return was
+
+    def deploy(self, applications):
+        self.deploys += 1
+        new = {}
+        for app in applications:
+            old = self.apps.get(app["name"])
+            same = old is not None and old["config"]["args"] == app["args"]
+            new[app["name"]] = {"config": app, "route_prefix": app["route_prefix"],
+                                "status": old["status"] if same else "DEPLOYING",
+                                "deployments": {"Decode:m": {"status": "HEALTHY", "replicas": [
+                                    {"replica_id": app["name"] + "-decode"}]}}}
+        self.apps = new
+
+    def applications(self):
+        for name, app in self.apps.items():
+            if app["status"] == "DEPLOYING":
+                app["status"] = self.fail.get(name, "RUNNING")
+                if name in self.fail:
+                    app["message"] = f"{name} failed on purpose"
+        return self.apps
+
+
+def record(n: int = 1) -> ReleaseRecord:
+    manifest = (ROOT / "tests" / "golden" / "local.yaml").read_text() + f"# variant {n}\n"
+    return ReleaseRecord.of(manifest, "pd-llm", "pdops-tiny", f"rev{n}")
+
+
+@pytest.fixture
+def target(tmp_path, monkeypatch):
+    # slot_application resolves tiny-model:// sources; the model itself is not needed here.
+    monkeypatch.setattr("workflows.targets.local.resolve_source", lambda s: "/models/tiny")
+    return LocalTarget(home=tmp_path, ports=Ports.from_base(18000), stack=FakeRay(), poll_s=0.01)
+
+
+def say(_msg: str) -> None:
+    pass
+
+
+def promoted(target: LocalTarget, n: int) -> ReleaseRecord:
+    target.apply(record(n), say)
+    target.wait_ready(5, say)
+    return target.promote([f"release {n} passed"], f"runs/{n}", say)
+
+
+def test_worker_resources_are_read_from_the_rendered_rayservice():
+    manifest = (ROOT / "tests" / "golden" / "local.yaml").read_text()
+    assert worker_resources(manifest) == {"prefill_node": 1, "decode_node": 1}
+
+
+def test_first_release_is_a_blue_candidate_then_takes_the_stable_route(target):
+    cand = target.apply(record(1), say)
+    assert cand.colour == "blue"
+    assert target.ray.apps["pd-llm-blue"]["route_prefix"] == "/candidate"
+    endpoint = target.wait_ready(5, say)
+    assert endpoint.base_url == "http://127.0.0.1:18000/candidate/v1"
+    assert endpoint.metrics_labels == {"ReplicaId": ["pd-llm-blue-decode"]}
+    target.promote(["ok"], "runs/1", say)
+    assert target.ray.apps["pd-llm-blue"]["route_prefix"] == "/"
+    assert target.ray.apps["pd-llm-blue"]["status"] == "RUNNING"  # promotion did not redeploy the engines
+    st = target.status()
+    assert st.stable.release.digest == record(1).digest and st.candidate.release is None
+    assert st.last_good.digest == record(1).digest and st.last_good.report == "runs/1"
+
+
+def test_second_candidate_runs_beside_stable_on_other_colour_and_nixl_ports(target):
+    promoted(target, 1)
+    cand = target.apply(record(2), say)
+    assert cand.colour == "green"
+    apps = target.ray.apps
+    assert apps["pd-llm-blue"]["route_prefix"] == "/" and apps["pd-llm-green"]["route_prefix"] == "/candidate"
+    ports = {name: {phase: app["config"]["args"][phase]["experimental_configs"]["NIXL_SIDE_CHANNEL_PORT_BASE"]
+                    for phase in ("prefill_config", "decode_config")} for name, app in apps.items()}
+    assert len({p for colour in ports.values() for p in colour.values()}) == 4, ports
+
+
+def test_rollback_drops_the_candidate_and_keeps_stable(target):
+    promoted(target, 1)
+    target.apply(record(2), say)
+    message = target.rollback(["ttft p90 too high"], "runs/2", say)
+    assert "dropped candidate" in message
+    assert set(target.ray.apps) == {"pd-llm-blue"} and target.ray.apps["pd-llm-blue"]["route_prefix"] == "/"
+    verdicts = [(r.revision, r.verdict) for r in target.history()]
+    assert verdicts == [("rev1", "promote"), ("rev2", "rollback")]
+    assert target.history()[-1].reasons == ["ttft p90 too high"]
+    assert last_good(target.history()).revision == "rev1"
+
+
+def test_apply_is_idempotent_for_the_same_digest_and_refuses_another(target):
+    first = target.apply(record(1), say)
+    again = target.apply(record(1), say)
+    assert again.colour == first.colour and again.applied_at == first.applied_at
+    with pytest.raises(TargetError, match="different candidate is pending"):
+        target.apply(record(2), say)
+
+
+def test_a_crash_after_apply_leaves_a_pending_candidate_the_next_process_undoes(target, tmp_path):
+    class Crash(Exception):
+        pass
+
+    promoted(target, 1)
+
+    def crash(apps):
+        raise Crash()
+
+    target.ray.deploy = crash
+    with pytest.raises(Crash):
+        target.apply(record(2), say)
+    state = json.loads((tmp_path / "local" / "state.json").read_text())
+    assert state["candidate"]["revision"] == "rev2"   # written before Serve was touched
+    fresh = LocalTarget(home=tmp_path, ports=Ports.from_base(18000), stack=FakeRay(), poll_s=0.01)
+    assert fresh.status().candidate.release.revision == "rev2"
+    fresh.rollback(["left half way"], None, say)
+    assert fresh.status().candidate.release is None
+    assert set(fresh.ray.apps) == {"pd-llm-blue"}    # the new process redeclared stable from disk
+
+
+def test_failed_deploy_raises_with_serve_messages(target):
+    target.ray.fail["pd-llm-blue"] = "DEPLOY_FAILED"
+    target.apply(record(1), say)
+    with pytest.raises(TargetError, match="DEPLOY_FAILED") as err:
+        target.wait_ready(5, say)
+    assert any("failed on purpose" in d for d in err.value.details)
+
+
+def test_never_ready_times_out(target):
+    target.ray.fail["pd-llm-blue"] = "DEPLOYING"
+    target.apply(record(1), say)
+    with pytest.raises(TargetError, match="not RUNNING after"):
+        target.wait_ready(0.05, say)
+
+
+def test_rollback_restores_stable_lost_with_ray(target):
+    promoted(target, 1)
+    target.ray.stop(say)                        # Ray gone: nothing serves
+    assert target.status().stable.state == "absent"
+    message = target.rollback(["restore"], None, say)
+    assert target.ray.apps["pd-llm-blue"]["route_prefix"] == "/" and target.ray.apps["pd-llm-blue"]["status"] == "RUNNING"
+    assert "stable serving again" in message
+
+
+def test_rollback_to_previous_restores_the_good_release_before(target):
+    promoted(target, 1)
+    promoted(target, 2)
+    assert target.status().stable.release.revision == "rev2"
+    target.rollback(["canary: ttft regressed"], None, say, to_previous=True)
+    st = target.status()
+    assert st.stable.release.revision == "rev1" and st.last_good.revision == "rev1"
+    assert [r.verdict for r in target.history()] == ["promote", "regressed"]
+
+
+def test_second_session_is_refused_while_one_runs(target, tmp_path):
+    other = LocalTarget(home=tmp_path, ports=Ports.from_base(18000), stack=FakeRay())
+    with target.session():
+        with pytest.raises(TargetError, match="another release is running"):
+            with other.session():
+                pass
+    with other.session():       # released again afterwards
+        pass
