@@ -22,6 +22,12 @@ RELEASE_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "patch", "update"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+    # The rest of a rendered release (workflows/targets/kubernetes.py applies it with the RayService)
+    # and the Lease that keeps two releases of one environment apart.
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch", "delete"]},
 ]
 EXECUTOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},

@@ -305,6 +305,10 @@ def test_rbac_namespaced_least_privilege(objects):
         ("", "configmaps"): ["get", "list", "create", "patch", "update"],
         ("", "events"): ["list"],
         ("", "pods"): ["get", "list"],
+        ("", "serviceaccounts"): ["get", "create", "patch"],
+        ("policy", "poddisruptionbudgets"): ["get", "create", "patch", "delete"],
+        ("monitoring.coreos.com", "podmonitors"): ["get", "create", "patch"],
+        ("coordination.k8s.io", "leases"): ["get", "create", "patch", "delete"],
     }
     for role in roles:
         got = {(g, res): r["verbs"] for r in role["rules"] for g in r["apiGroups"] for res in r["resources"]}

@@ -491,14 +491,35 @@ def test_rollback_to_previous_restores_the_release_before_a_regressed_stable(clu
 
 
 def test_every_object_the_target_sends_validates_against_the_pinned_schemas(cluster, manifests):
-    kuberay = FakeKubeRay(cluster, DEV_NS)
+    kuberay, target = FakeKubeRay(cluster, DEV_NS), _target(cluster, DEV_NS, capacity_check=False)
     try:
-        _release(_target(cluster, DEV_NS, capacity_check=False), _record(manifests, "dev"))
+        with target.session():
+            _release(target, _record(manifests, "dev"))
+            lease = list(cluster.objects("leases").values())
     finally:
         kuberay.close()
-    sent = [o for plural in ("rayservices", "services", "configmaps", "poddisruptionbudgets", "serviceaccounts")
-            for o in cluster.objects(plural).values()]
-    assert {o["kind"] for o in sent} == {"RayService", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceAccount"}
+    sent = lease + [o for plural in ("rayservices", "services", "configmaps", "poddisruptionbudgets", "serviceaccounts")
+                    for o in cluster.objects(plural).values()]
+    assert {o["kind"] for o in sent} == {"RayService", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceAccount", "Lease"}
     assert "status" in cluster.objects("rayservices")["pd-llm-blue"]  # the simulated KubeRay's status is checked too
     findings = validate_objects(sent, Path(SCHEMAS), "emulator")
     assert [f for f in findings if f.severity == "error"] == []
+
+
+def test_session_holds_a_lease_that_a_second_release_cannot_take(cluster):
+    first, second = _target(cluster), _target(cluster)
+    with first.session():
+        lease = cluster.objects("leases")["pdops-release"]
+        assert lease["spec"]["leaseDurationSeconds"] == 120 and "pid" in lease["spec"]["holderIdentity"]
+        with pytest.raises(TargetError) as busy:
+            with second.session():
+                pass
+        assert "another release is running in namespace pdops-local" in busy.value.problem
+    assert cluster.objects("leases") == {}
+
+    stale = {**lease, "spec": {**lease["spec"], "holderIdentity": "dead-pod pid 1", "renewTime": "2020-01-01T00:00:00.000000Z"}}
+    client.CustomObjectsApi(cluster.client()).create_namespaced_custom_object("coordination.k8s.io", "v1", LOCAL_NS, "leases", stale)
+    with second.session():
+        assert cluster.objects("leases")["pdops-release"]["spec"]["holderIdentity"] != "dead-pod pid 1"
+    with _target(cluster, dry_run=True).session():
+        assert cluster.objects("leases") == {}

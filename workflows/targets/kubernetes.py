@@ -35,8 +35,13 @@ import functools
 import json
 import math
 import os
+import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Literal, NamedTuple
 
 import urllib3
@@ -62,11 +67,14 @@ NODE_TYPE_LABEL, SERVE_LABEL = "ray.io/node-type", "ray.io/serve"
 # through CustomObjectsApi (plural). A manifest with any other kind is refused, not guessed at.
 CORE = {"Service": "service", "ServiceAccount": "service_account", "ConfigMap": "config_map",
         "Pod": "pod", "Event": "event"}
-PLURALS = {"RayService": "rayservices", "PodDisruptionBudget": "poddisruptionbudgets", "PodMonitor": "podmonitors"}
+PLURALS = {"RayService": "rayservices", "PodDisruptionBudget": "poddisruptionbudgets", "PodMonitor": "podmonitors",
+           "Lease": "leases"}
 SHARED_KINDS = ("ServiceAccount", "PodMonitor")
 FAILING_WAIT_REASONS = {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError",
                         "CreateContainerError", "RunContainerError", "InvalidImageName"}
 PROGRESS_EVERY_S = 30.0
+LOCK_NAME = "pdops-release"
+LOCK_TTL_S = 120  # a holder renews every quarter of this; a dead holder's lock is taken over after it
 RECENT_EVENTS = 10
 
 
@@ -186,6 +194,41 @@ class KubernetesTarget:
 
     # ---- the Target protocol ----
 
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """A Lease `pdops-release` in the namespace, renewed while held. Argo's per-environment mutex
+        already serialises pipeline runs; this also stops a hand-run release racing one. A holder that
+        died stops renewing, and its Lease is taken over LOCK_TTL_S after its last renewal (the
+        emulator has no resourceVersion, so that takeover is not compare-and-swap). Dry runs store
+        nothing, so they take no lock."""
+        if self.dry_run:
+            yield
+            return
+        holder = f"{socket.gethostname()} pid {os.getpid()}"
+        self._lock(holder)
+        stop = threading.Event()
+        def renew() -> None:
+            while not stop.wait(LOCK_TTL_S / 4):
+                try:
+                    self._apply(self._lease(holder, renew=True))
+                except TargetError:
+                    pass  # retried next time; the lock lapses only when renewals fail for LOCK_TTL_S
+        renewer = threading.Thread(target=renew, name="pdops-lease", daemon=True)
+        renewer.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            renewer.join()
+            self._delete("Lease", LOCK_NAME, _API_VERSIONS["Lease"])
+
+    def reference(self, record: ReleaseRecord, prompts: list[str], max_tokens: int,
+                  progress: Progress) -> list[dict] | None:
+        """None: a single-engine reference of a 70B model would be a third GPU deployment; the golden
+        token check runs where the local target can run the engine."""
+        progress("[validate] golden tokens: no single-engine reference on the kubernetes target; skipped")
+        return None
+
     def status(self) -> TargetStatus:
         state = self._state()
         stable = self._slot_status("stable", state.stable)
@@ -282,6 +325,32 @@ class KubernetesTarget:
 
     def history(self) -> list[ReleaseRecord]:
         return self._state().history
+
+    # ---- the release lock ----
+
+    def _lease(self, holder: str, renew: bool = False) -> dict[str, Any]:
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec = {"holderIdentity": holder, "leaseDurationSeconds": LOCK_TTL_S, "renewTime": now}
+        return {"apiVersion": _API_VERSIONS["Lease"], "kind": "Lease",
+                "metadata": {"name": LOCK_NAME, "namespace": self.namespace, "labels": {"app.kubernetes.io/part-of": "pdops"}},
+                "spec": spec if renew else {**spec, "acquireTime": now}}
+
+    def _lock(self, holder: str) -> None:
+        try:
+            self._request("create", "Lease", _API_VERSIONS["Lease"], body=self._lease(holder), field_manager=FIELD_MANAGER)
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise _api_error(exc, f"create Lease/{LOCK_NAME}", self.namespace) from None
+        spec = (self._get("Lease", LOCK_NAME) or {}).get("spec") or {}
+        renewed = spec.get("renewTime") or spec.get("acquireTime")
+        age = (datetime.now(timezone.utc) - datetime.fromisoformat(renewed.replace("Z", "+00:00"))).total_seconds() if renewed else math.inf
+        if age < int(spec.get("leaseDurationSeconds") or LOCK_TTL_S):
+            raise TargetError(f"another release is running in namespace {self.namespace}",
+                              [f"holder: {spec.get('holderIdentity', 'unknown')}, renewed {age:.0f}s ago (Lease {LOCK_NAME}); "
+                               "wait for it to finish; a holder that died loses the lock "
+                               f"{LOCK_TTL_S}s after its last renewal"])
+        self._apply(self._lease(holder))  # the holder died: take over
 
     # ---- slots ----
 
@@ -644,7 +713,7 @@ class KubernetesTarget:
 
 
 _API_VERSIONS = {"RayService": "ray.io/v1", "PodDisruptionBudget": "policy/v1", "PodMonitor": "monitoring.coreos.com/v1",
-                 **{kind: "v1" for kind in CORE}}
+                 "Lease": "coordination.k8s.io/v1", **{kind: "v1" for kind in CORE}}
 
 
 def _pod_problems(pod: dict[str, Any]) -> list[str]:
