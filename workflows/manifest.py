@@ -82,13 +82,13 @@ def check_references(overlay: Path) -> None:
     would read /etc/hostname into a ConfigMap or fetch a remote base from the network; this is the fence.
     """
     root = repository_root(overlay)
-    todo, seen = [overlay.resolve()], set()
+    todo, seen = [Path(overlay)], set()
     while todo:
         folder = todo.pop()
         kfile = next((folder / n for n in KUSTOMIZATION_FILES if (folder / n).is_file()), None)
-        if folder in seen or kfile is None:   # no kustomization: kustomize says so
+        if folder.resolve() in seen or kfile is None:   # no kustomization: kustomize says so
             continue
-        seen.add(folder)
+        seen.add(folder.resolve())
         kustomization = read_yaml_file(kfile)
         for name, ref in _references(kustomization if isinstance(kustomization, dict) else {}):
             try:
@@ -102,7 +102,7 @@ def check_references(overlay: Path) -> None:
                 raise InputError(kfile, name, problem, "name files of this repository by relative path "
                                  "(no absolute paths, no `..` out of it, no remote URLs)")
             if target.is_dir() and name.startswith(_INCLUDES):
-                todo.append(target)
+                todo.append(Path(os.path.normpath(folder / ref)))   # as written, for messages
 
 
 def kustomize_build(overlay: Path) -> list[dict[str, Any]]:
