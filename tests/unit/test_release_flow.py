@@ -1,0 +1,170 @@
+"""`steps.release` end to end on a recording target whose candidate is the known-timing fake server.
+
+What is real: the overlay render and checks, the compat suite, the latency harness, the gate and
+the reports. What stands in: the target (it records calls and serves the fake's endpoint), so these
+tests pin the release's ordering promises: nothing is applied before the checks pass, and every
+way out after apply ends in rollback. tests/e2e runs the same flow on the real local stack.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from contextlib import nullcontext
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from tests.fakes.known_timing_server import KnownTimingServer
+from workflows import steps
+from workflows.errors import InputError
+from workflows.targets.base import Endpoint, SlotStatus, TargetError, TargetStatus
+
+
+class RecordingTarget:
+    kind = "recording"
+
+    def __init__(self, endpoint: Endpoint, ready_error: TargetError | None = None) -> None:
+        self.endpoint_, self.ready_error = endpoint, ready_error
+        self.calls: list[str] = []
+        self.candidate = self.stable = None
+
+    def session(self):
+        return nullcontext()
+
+    def status(self) -> TargetStatus:
+        return TargetStatus(target=self.kind, stable=SlotStatus(slot="stable", release=self.stable,
+                                                                state="ready" if self.stable else "absent"),
+                            candidate=SlotStatus(slot="candidate", release=self.candidate))
+
+    def apply(self, record, progress):
+        self.calls.append("apply")
+        self.candidate = record.model_copy(update={"colour": "blue"})
+        return self.candidate
+
+    def wait_ready(self, timeout_s, progress):
+        self.calls.append("wait_ready")
+        if self.ready_error:
+            raise self.ready_error
+        return self.endpoint_
+
+    def endpoint(self, slot):
+        return self.endpoint_
+
+    def promote(self, reasons, report, progress):
+        self.calls.append("promote")
+        self.stable, self.candidate = self.candidate, None
+        return self.stable
+
+    def rollback(self, reasons, report, progress, *, to_previous=False):
+        self.calls.append("rollback")
+        self.candidate = None
+        return "dropped candidate"
+
+    def history(self):
+        return []
+
+    def reference(self, record, prompts, max_tokens, progress):
+        return None
+
+
+@pytest.fixture(scope="module")
+def server():
+    with KnownTimingServer(first_token_delay=0.02, inter_token_delay=0.005, tokens=8, model="pdops-tiny") as srv:
+        yield srv
+
+
+@pytest.fixture
+def overlay(tmp_path):
+    """overlays/local with light validation that the fake can serve (it moves no KV, so KV is ignored)."""
+    shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
+    shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")
+    path = tmp_path / "overlays" / "local"
+    spec = yaml.safe_load((path / "release.yaml").read_text())
+    spec["slo"]["kv_transfer"] = "ignored"
+    spec["validation"]["load"] = [{"profile": "balanced", "concurrency": 2, "requests": 4, "warmup_requests": 0}]
+    (path / "release.yaml").write_text(yaml.safe_dump(spec))
+    return path
+
+
+def edit(overlay, **changes):
+    spec = yaml.safe_load((overlay / "release.yaml").read_text())
+    for dotted, value in changes.items():
+        node = spec
+        *parents, last = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    (overlay / "release.yaml").write_text(yaml.safe_dump(spec))
+
+
+def run(overlay, target, tmp_path):
+    folder = steps.new_run_dir(tmp_path / "runs", "local")
+    return steps.release(overlay, target, folder, lambda m: None, revision="test"), folder
+
+
+def endpoint(server):
+    return Endpoint(base_url=server.base_url, metrics_url=server.base_url.removesuffix("/v1") + "/metrics")
+
+
+def test_passing_candidate_is_promoted_with_a_report(server, overlay, tmp_path, monkeypatch):
+    # About ordering, not client health (tested in test_validation_harness): a busy 2-core CI box
+    # can lag the client's event loop past its limit and void the run.
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    target = RecordingTarget(endpoint(server))
+    out, folder = run(overlay, target, tmp_path)
+    assert out["verdict"] == "promote", out["reasons"]
+    assert target.calls == ["apply", "wait_ready", "promote"]
+    saved = json.loads((folder / "release.json").read_text())
+    assert saved["verdict"] == "promote" and saved["digest"].startswith("sha256:")
+    assert (folder / "summary.md").exists() and (folder / "compat.json").exists()
+    assert yaml.safe_load_all((folder / "manifest.yaml").read_text())
+
+
+def test_unmeetable_slo_rolls_back_and_says_why(server, overlay, tmp_path):
+    edit(overlay, slo__prefill__ttft_p90_ms=0.001)
+    target = RecordingTarget(endpoint(server))
+    out, _ = run(overlay, target, tmp_path)
+    assert out["verdict"] == "rollback"
+    assert target.calls == ["apply", "wait_ready", "rollback"]
+    assert any("ttft" in r and "p90" in r for r in out["reasons"])
+
+
+def test_bad_spec_applies_nothing(server, overlay, tmp_path):
+    edit(overlay, prefill__tensor_parallel_size="two")
+    target = RecordingTarget(endpoint(server))
+    with pytest.raises(InputError, match="prefill.tensor_parallel_size"):
+        run(overlay, target, tmp_path)
+    assert target.calls == []
+
+
+def test_cross_layer_findings_block_before_apply(server, overlay, tmp_path):
+    edit(overlay, prefill__tensor_parallel_size=2)   # prefill TP above decode's: the tp-order rule
+    target = RecordingTarget(endpoint(server))
+    out, folder = run(overlay, target, tmp_path)
+    assert out["verdict"] == "blocked" and any("tp-order" in r for r in out["reasons"])
+    assert target.calls == [] and not (folder / "manifest.yaml").exists()
+
+
+def test_candidate_that_never_serves_is_rolled_back(server, overlay, tmp_path):
+    target = RecordingTarget(endpoint(server), ready_error=TargetError("pd-llm-blue not RUNNING after 5s"))
+    out, _ = run(overlay, target, tmp_path)
+    assert out["verdict"] == "failed" and "not RUNNING" in out["reasons"][0]
+    assert target.calls == ["apply", "wait_ready", "rollback"]
+
+
+def test_interrupted_validation_still_rolls_back(server, overlay, tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(steps, "validate_candidate", interrupted)
+    target = RecordingTarget(endpoint(server))
+    with pytest.raises(KeyboardInterrupt):
+        run(overlay, target, tmp_path)
+    assert target.calls == ["apply", "wait_ready", "rollback"]
+
+
+def test_unwritable_run_folder_is_bad_input(tmp_path):
+    (tmp_path / "runs").write_text("a file where the folder should be")
+    with pytest.raises(InputError, match="cannot write the run folder"):
+        steps.new_run_dir(tmp_path / "runs", "local")
