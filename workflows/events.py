@@ -1,6 +1,21 @@
 """Argo Events: a GitHub push webhook (HMAC-verified with a Secret reference) and a Sensor that
 submits `pd-release` for the one environment whose overlay changed on main.
 
+What a delivery goes through (tests/unit/test_webhook.py evaluates the committed Sensor's filters):
+- Signature: the EventSource checks X-Hub-Signature-256 (HMAC-SHA256 of the body with the Secret)
+  before any filter and drops the delivery on a mismatch. That part is Argo's; an EventSource
+  without `webhookSecret` would accept unsigned deliveries, so the secret must stay set.
+- Filters, all of them: the delivery is a `push` (Argo copies X-GitHub-Event into the body; a
+  hand-made hook sending every event type is still safe), to refs/heads/main exactly (no other
+  branch, no tag), not a branch deletion, and some commit added, modified or removed a file under
+  `overlays/<env>/`. Pushes touching only kustomize/ (shared by all environments) or other files
+  submit nothing: an environment is released when its overlay changes, or by hand.
+- Replay: a redelivered (or replayed) push submits the same revision again. Harmless: `pd-release`
+  holds a mutex per environment, so the two runs never overlap, and re-releasing the revision that
+  is already stable is a no-op for the target.
+- GitHub lists at most the first commits of a very large push; an overlay change past that list
+  submits nothing (release it by hand with `argo submit --from workflowtemplate/pd-release`).
+
 Plain dicts on purpose: Hera's Events models dump an inline Workflow trigger resource as `{}`.
 """
 from __future__ import annotations
@@ -48,7 +63,7 @@ def event_source() -> dict[str, Any]:
 def _paths_filter(env: str) -> dict[str, Any]:
     # gjson: every added/modified/removed path of every commit, one flat JSON array; a string data
     # filter regex-matches that array's JSON text (gjson Result.String() of an array is its raw JSON).
-    # A `ping` delivery has no body.commits: the path does not exist, so nothing is triggered.
+    # Without commits the array is `[]`, which matches no environment.
     return {"path": "[body.commits.#.added,body.commits.#.modified,body.commits.#.removed]|@flatten:{\"deep\":true}",
             "type": "string", "value": [f'.*"overlays/{env}/.*']}
 
@@ -61,8 +76,10 @@ def dependency(env: str) -> dict[str, Any]:
         "filters": {
             "dataLogicalOperator": "and",
             "data": [
-                # string values are unanchored regexes (Go regexp.Match): anchor the ref
+                # string values are unanchored regexes (Go regexp.Match): anchor them
+                {"path": "body.X-GitHub-Event", "type": "string", "value": ["^push$"]},
                 {"path": "body.ref", "type": "string", "value": ["^" + BRANCH_REF + "$"]},
+                {"path": "body.deleted", "type": "bool", "value": ["false"]},
                 _paths_filter(env),
             ],
         },
