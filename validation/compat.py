@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -444,6 +445,8 @@ async def run_suite(base_url: str, model: str, api_key: str | None = None, optio
 
 
 def run(base_url: str, model: str, **kw) -> dict:
+    # Ray's import puts the root logger at INFO; the SDK's per-request lines are not our evidence.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     return asyncio.run(run_suite(base_url, model, **kw))
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -153,8 +152,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # Ray Serve LLM's config models import vLLM, whose import-time notices would bury our output.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    # Ray configures the root logger on import; keep the OpenAI SDK's per-request lines out of it.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
