@@ -261,10 +261,12 @@ class KubernetesTarget:
         candidate = record.model_copy(update={"colour": colour, "verdict": "pending", "applied_at": time.time(),
                                               "reasons": [], "decided_at": None})
         self._check_namespace(candidate)
-        leftover = self._get("RayService", self._rs_name(candidate))
-        if leftover is not None:
+        if self._get("RayService", self._rs_name(candidate)) is not None:
+            # Left by a run that died after promote, or still terminating after a rollback: applying
+            # over it would upgrade (or lose) it in place, so it goes first.
             progress(f"[rollout] removing leftover RayService {self._rs_name(candidate)} (not recorded in any slot)")
-            self._remove_colour(candidate)
+            self._remove_colour(candidate, progress, "rollout")
+            self._wait_gone(self._rs_name(candidate), progress)
         self._check_capacity(candidate, state.stable, progress)
         state.candidate = candidate
         self._save(state)  # intent first: a run that dies after this leaves a candidate rollback can remove
@@ -301,7 +303,7 @@ class KubernetesTarget:
         self._save(state)  # intent first: rollback re-points the Service if the run dies before the switch
         self._switch(promoted, progress)
         if previous is not None and previous.colour != promoted.colour:
-            self._remove_colour(previous, progress)
+            self._remove_colour(previous, progress, "promote")  # frees its GPUs; history can redeploy it
         self._dry_candidate = None
         return promoted
 
@@ -494,13 +496,22 @@ class KubernetesTarget:
         service = self._get("Service", self._service_name(record))
         return ((service or {}).get("spec") or {}).get("selector", {}).get(COLOUR_LABEL)
 
-    def _remove_colour(self, record: ReleaseRecord, progress: Progress | None = None) -> None:
+    def _remove_colour(self, record: ReleaseRecord, progress: Progress, step: str = "rollback") -> None:
         """Delete a colour's RayService and PDBs (KubeRay deletes its RayCluster and pods)."""
         for obj in self._release_objects(record):
             if obj["kind"] in SHARED_KINDS:
                 continue
-            if self._delete(obj["kind"], obj["metadata"]["name"], obj["apiVersion"]) and progress:
-                progress(f"[rollback] deleted {obj['kind']}/{obj['metadata']['name']}{' (dry run)' if self.dry_run else ''}")
+            if self._delete(obj["kind"], obj["metadata"]["name"], obj["apiVersion"]):
+                progress(f"[{step}] deleted {obj['kind']}/{obj['metadata']['name']}{' (dry run)' if self.dry_run else ''}")
+
+    def _wait_gone(self, name: str, progress: Progress) -> None:
+        start = time.monotonic()
+        while not self.dry_run and self._get("RayService", name) is not None:
+            if time.monotonic() - start >= self.restore_timeout_s:
+                raise TargetError(f"RayService {name} is still terminating after {self.restore_timeout_s:.0f}s",
+                                  [f"`kubectl -n {self.namespace} get rayservice {name} -o yaml` shows its finalizers"])
+            time.sleep(self.poll_s)
+        progress(f"[rollout] {name} is gone")
 
     def _endpoint(self, slot: str, record: ReleaseRecord) -> Endpoint:
         rayservice = _only(_objects(record), "RayService")
