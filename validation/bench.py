@@ -13,6 +13,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               api_key: str | None = None, endpoint: str = "chat", goodput_ttft_ms: float | None = None,
               goodput_tpot_ms: float | None = None, seed: int = 0, keep_samples: bool = True, workers: int = 1,
               metrics_select: dict[str, list[str]] | None = None,
+              metrics_phases: dict[str, dict[str, list[str]]] | None = None,
               progress: Callable[[str], None] | None = None) -> dict:
     if requests is None and duration is None:
         raise ValueError("need requests or duration")
@@ -23,7 +24,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
                             concurrency=concurrency, rate=rate, poisson=poisson, requests=requests,
                             duration=duration, warmup=warmup, api_key=api_key, seed=seed,
                             progress=progress is not None)
-    scraper = server_metrics.Scraper(metrics_url, metrics_select)
+    scraper = server_metrics.Scraper(metrics_url, metrics_select, metrics_phases)
     if progress:
         progress(f"[bench] {profile.name}: {'c=' + str(concurrency) if concurrency else f'rate={rate}/s'} "
                  f"requests={requests} duration={duration} warmup={warmup}")

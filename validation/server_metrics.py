@@ -165,17 +165,26 @@ def selected(samples: list[Sample], select: dict[str, list[str]] | None) -> list
     return [s for s in samples if all(dict(s[1]).get(k) in allowed for k, allowed in select.items())]
 
 
-def diff(before_text: str, after_text: str, select: dict[str, list[str]] | None = None) -> dict:
-    b, a = selected(parse(before_text), select), selected(parse(after_text), select)
-    return {"histograms": histogram_deltas(b, a), "kv": kv_evidence(b, a)}
+def diff(before_text: str, after_text: str, select: dict[str, list[str]] | None = None,
+         phases: dict[str, dict[str, list[str]]] | None = None) -> dict:
+    """Histogram deltas and KV evidence of the selected series; with `phases` (name -> label
+    selection, e.g. the prefill and the decode engines), each phase's histograms on their own."""
+    before, after = parse(before_text), parse(after_text)
+    b, a = selected(before, select), selected(after, select)
+    out = {"histograms": histogram_deltas(b, a), "kv": kv_evidence(b, a)}
+    if phases:
+        out["phases"] = {name: histogram_deltas(selected(before, sel), selected(after, sel))
+                         for name, sel in phases.items()}
+    return out
 
 
 class Scraper:
     """before() ... after() around a run; tolerant: a failed scrape is recorded, not raised."""
 
-    def __init__(self, url: str | None, select: dict[str, list[str]] | None = None):
+    def __init__(self, url: str | None, select: dict[str, list[str]] | None = None,
+                 phases: dict[str, dict[str, list[str]]] | None = None):
         self.url = url
-        self.select = select
+        self.select, self.phases = select, phases
         self._before: str | None = None
         self.error: str | None = None
 
@@ -192,7 +201,7 @@ class Scraper:
         if self._before is None:
             return {"error": self.error or "no before scrape", "url": self.url}
         try:
-            res = diff(self._before, scrape(self.url), self.select)
+            res = diff(self._before, scrape(self.url), self.select, self.phases)
         except Exception as e:  # noqa: BLE001
             return {"error": f"after scrape: {e}", "url": self.url}
         res["url"] = self.url

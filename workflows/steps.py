@@ -111,7 +111,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           concurrency=None if load.rate else load.concurrency, rate=load.rate,
                           requests=load.requests if not load.duration_s else None, duration=load.duration_s,
                           warmup=load.warmup_requests, metrics_url=endpoint.metrics_url,
-                          metrics_select=endpoint.metrics_labels or None, api_key=api_key,
+                          metrics_select=endpoint.metrics_labels or None,
+                          metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
                           progress=progress)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)

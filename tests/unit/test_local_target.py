@@ -96,6 +96,7 @@ def test_first_release_is_a_blue_candidate_then_takes_the_stable_route(target):
     endpoint = target.wait_ready(5, say)
     assert endpoint.base_url == "http://127.0.0.1:18000/candidate/v1"
     assert endpoint.metrics_labels == {"ReplicaId": ["pd-llm-blue-decode"]}
+    assert endpoint.metrics_phases == {"decode": {"ReplicaId": ["pd-llm-blue-decode"]}}
     target.promote(["ok"], "runs/1", say)
     assert target.ray.apps["pd-llm-blue"]["route_prefix"] == "/"
     assert target.ray.apps["pd-llm-blue"]["status"] == "RUNNING"  # promotion did not redeploy the engines

@@ -89,3 +89,25 @@ def test_scraper_around_fake_server():
     bad = sm.Scraper("http://127.0.0.1:1/metrics")
     bad.before()
     assert "error" in bad.after()
+
+
+def test_selection_and_phases_split_one_endpoint_shared_by_several_engines():
+    from validation import server_metrics
+
+    def scrape(prefill_ttft: float, decode_ttft: float, other_kv: float) -> str:
+        lines = []
+        for replica, total in (("p1", prefill_ttft), ("d1", decode_ttft), ("x9", 5.0)):
+            lines += [f'ray_vllm_time_to_first_token_seconds_bucket{{ReplicaId="{replica}",le="0.1"}} 0',
+                      f'ray_vllm_time_to_first_token_seconds_bucket{{ReplicaId="{replica}",le="+Inf"}} {total}',
+                      f'ray_vllm_time_to_first_token_seconds_count{{ReplicaId="{replica}"}} {total}',
+                      f'ray_vllm_time_to_first_token_seconds_sum{{ReplicaId="{replica}"}} {total * 0.5}']
+        lines.append(f'ray_vllm_prompt_tokens_by_source_total{{ReplicaId="x9",source="external_kv_transfer"}} {other_kv}')
+        return "\n".join(lines) + "\n"
+
+    ours = {"ReplicaId": ["p1", "d1"]}
+    res = server_metrics.diff(scrape(0, 0, 0), scrape(3, 4, 100), ours,
+                              {"prefill": {"ReplicaId": ["p1"]}, "decode": {"ReplicaId": ["d1"]}})
+    assert res["histograms"]["time_to_first_token_seconds"]["count"] == 7      # x9 (another slot) left out
+    assert res["kv"]["external_kv_prompt_tokens"] == 0                         # its KV too
+    assert res["phases"]["prefill"]["time_to_first_token_seconds"]["count"] == 3
+    assert res["phases"]["decode"]["time_to_first_token_seconds"]["count"] == 4

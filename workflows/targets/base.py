@@ -37,6 +37,8 @@ class Endpoint(BaseModel):
     metrics_url: str | None = None   # Prometheus text with vllm:* / ray_vllm_* (KV-transfer evidence)
     # Label filter selecting this slot's engines in a metrics endpoint shared by both slots.
     metrics_labels: dict[str, list[str]] = {}   # label -> accepted values (any of them)
+    # Per phase ("prefill", "decode"): the label selection of that phase's engines, where known.
+    metrics_phases: dict[str, dict[str, list[str]]] = {}
 
 
 class ReleaseRecord(BaseModel):

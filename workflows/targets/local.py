@@ -205,11 +205,15 @@ class LocalTarget:
         record = getattr(self._slots(), slot)
         if app is None and record is not None:
             app = self.ray.applications().get(self._app_name(record)) or {}
-        replicas = [r.get("replica_id") for d in ((app or {}).get("deployments") or {}).values()
-                    for r in d.get("replicas") or [] if r.get("replica_id")]
-        # Both slots export into one Ray metrics endpoint; vLLM tags each engine's series with ReplicaId.
+        by_deployment = {name: sorted(r["replica_id"] for r in d.get("replicas") or [] if r.get("replica_id"))
+                         for name, d in ((app or {}).get("deployments") or {}).items()}
+        replicas = sorted(r for ids in by_deployment.values() for r in ids)
+        # Both slots export into one Ray metrics endpoint; vLLM tags each engine's series with ReplicaId,
+        # and Ray Serve LLM names the engine deployments Prefill:<model> and Decode:<model>.
+        phases = {phase: {"ReplicaId": ids} for name, ids in by_deployment.items() if ids
+                  for phase in ("prefill", "decode") if name.lower().startswith(phase + ":")}
         return Endpoint(base_url=f"http://{HOST}:{self.ports.serve}{prefix}/v1", metrics_url=self.ray.metrics_url,
-                        metrics_labels={"ReplicaId": sorted(replicas)} if replicas else {})
+                        metrics_labels={"ReplicaId": replicas} if replicas else {}, metrics_phases=phases)
 
     # -- the protocol ------------------------------------------------------------------------------
     def apply(self, record: ReleaseRecord, progress: Progress) -> ReleaseRecord:
