@@ -24,7 +24,7 @@ import yaml
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
-PORT = 18400   # the stack's port base: stable at http://127.0.0.1:18400/v1
+PORT = 9400   # the stack's port base: stable at http://127.0.0.1:9400/v1
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workflows.errors import InputError
 from workflows.targets.base import Progress, TargetError
 
 # Every Ray and vLLM process of the local stack: the CPU build, 1 GiB KV cache, no hub, no telemetry.
@@ -54,7 +55,13 @@ class Ports:
 
     @classmethod
     def from_env(cls) -> "Ports":
-        return cls.from_base(int(os.environ.get("PDOPS_LOCAL_PORT", "8000")))
+        raw = os.environ.get("PDOPS_LOCAL_PORT", "8000")
+        base = int(raw) if raw.isdigit() else -1
+        # Ray hands out worker ports from 10002-19999 and NIXL side channels sit at 20000-22999.
+        if not (1024 <= base <= 10002 - 7 or 23000 <= base <= 65535 - 7):
+            raise InputError("PDOPS_LOCAL_PORT", "", f"{raw!r} is not a usable port base",
+                             "use 1024-9995 or 23000-65528 (Ray and NIXL own 10002-22999); default 8000")
+        return cls.from_base(base)
 
 
 def _http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
@@ -147,6 +154,7 @@ class LocalRay:
         started = time.monotonic()
         while time.monotonic() - started < timeout_s:
             if (proc.poll() is not None) if proc else self.pid() is None:
+                self.pid_file.unlink(missing_ok=True)
                 raise TargetError("the local Ray exited while starting", _tail(self.log))
             if self.healthy():
                 progress(f"[ray] ready after {time.monotonic() - started:.0f}s (dashboard {self.dashboard})")
@@ -158,6 +166,7 @@ class LocalRay:
     def stop(self, progress: Progress) -> bool:
         pid = self.pid()
         if pid is None:
+            self.pid_file.unlink(missing_ok=True)  # stale: the process is gone
             return False
         progress(f"[ray] stopping the local Ray (pid {pid})")
         _stop_group(pid, str(self.temp_dir), grace_s=30)
