@@ -544,8 +544,13 @@ def test_leftovers_of_a_run_that_died_after_promote_are_removed(cluster, kuberay
                                                {k: v for k, v in old_blue.items() if k != "status"})
 
     died_before_retiring_blue()
+    client.CoreV1Api(cluster.client()).patch_namespaced_service(  # ... and before switching the Service
+        "pd-llm", LOCAL_NS, {"spec": {"selector": {"pdops.dev/colour": "blue"}}}, _preload_content=False)
+    stable = _target(cluster).status().stable
+    assert stable.state == "failed" and "Service pd-llm selects blue" in stable.detail
     assert "stable pd-llm@bbbbbbbbbbbb" in _target(cluster).rollback(["converge"], None, Lines())
     assert set(cluster.objects("rayservices")) == {"pd-llm-green"}
+    assert cluster.objects("services")["pd-llm"]["spec"]["selector"]["pdops.dev/colour"] == "green"
 
     died_before_retiring_blue()
     progress = Lines()

@@ -234,9 +234,10 @@ class KubernetesTarget:
         stable = self._slot_status("stable", state.stable)
         if state.stable and stable.state != "absent":
             selected = self._service_colour(state.stable)
-            if selected != state.stable.colour:
-                stable.detail += (f"; Service {self._service_name(state.stable)} selects {selected or 'nothing'}"
-                                  " — run `pdops rollback` to point it back at the stable slot")
+            if selected != state.stable.colour:  # a run died between recording a promote and switching
+                stable.state = "failed"
+                stable.detail += (f"; but Service {self._service_name(state.stable)} selects {selected or 'nothing'}"
+                                  " — `pdops rollback` points it at the stable slot")
         return TargetStatus(target=self.kind, stable=stable, candidate=self._slot_status("candidate", state.candidate),
                             last_good=last_good(state.history))
 
