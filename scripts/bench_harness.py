@@ -6,6 +6,8 @@ known-timing fake server, at concurrency 1, 16, 64, 256. The server runs in its 
   error vs configured = measured TTFT - configured first-token delay (what peers' tables report;
                         includes the fake server's own scheduling lateness)
   read lag            = client read time of first content - server write time of it (harness only)
+  send->receipt       = server receipt of the request - client send stamp (harness and network)
+  server late         = server write of first content - receipt - configured delay (the fake)
 
 The machine's load averages are printed with each level: figures taken under load are not
 comparable (re-run when the 1-minute load is above the core count).
@@ -53,8 +55,8 @@ def main() -> int:
               f"{a.tokens} tokens, {a.tokens_per_chunk} per chunk; early role chunk on; client workers {a.workers}; "
               f"server processes {a.server_procs}")
         print("| concurrency | requests | TTFT mean ms | error vs configured ms | read lag mean ms | read lag p99 ms "
-              "| ITL mean ms (truth) | loop lag p99 ms | CPU % | bottleneck | load avg 1/5/15 |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| send->receipt ms | server late ms | ITL mean ms (truth) | loop lag p99 ms | CPU % | bottleneck | load avg 1/5/15 |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for c in [int(x) for x in a.levels.split(",")]:
             n = max(8, a.rounds * c)
             runner = (lambda sp: run_workers(sp, a.workers)) if a.workers > 1 else run
@@ -66,17 +68,20 @@ def main() -> int:
             truth = {}
             for p in own_ports:
                 truth.update(json.loads(urllib.request.urlopen(f"http://127.0.0.1:{p}/_timings").read()))
-            lags, itl_true = [], []
+            lags, itl_true, to_server, late = [], [], [], []
             for r in res["records"]:
                 t = truth.get(r.get("response_id") or "")
                 if t and t["content"] and r["first_content"] is not None:
                     lags.append((r["first_content"] + res["t0"] - t["content"][0]) * 1000)
+                    to_server.append((t["received"] - r["sent"] - res["t0"]) * 1000)
+                    late.append((t["content"][0] - t["received"]) * 1000 - truth_ms)
                     itl_true += [(y - x) * 1000 for x, y in zip(t["content"], t["content"][1:])]
             lag = metrics.summary(lags)
             ch = res["client_health"]
             itl_t = sum(itl_true) / len(itl_true) if itl_true else float("nan")
             print(f"| {c} | {m['requests_ok']}/{n} | {m['ttft_ms']['mean']:.1f} | {m['ttft_ms']['mean'] - truth_ms:+.1f} "
-                  f"| {lag['mean']:+.1f} | {lag['p99']:+.1f} | {m['itl_ms']['mean']:.1f} ({itl_t:.1f}) "
+                  f"| {lag['mean']:+.1f} | {lag['p99']:+.1f} | {metrics.summary(to_server)['mean']:+.1f} "
+                  f"| {metrics.summary(late)['mean']:+.1f} | {m['itl_ms']['mean']:.1f} ({itl_t:.1f}) "
                   f"| {ch['loop_lag_ms']['p99']:.1f} | {ch['cpu_percent']['mean']:.0f} | "
                   f"{'yes' if ch['client_bottleneck'] else 'no'} | {'/'.join(f'{x:.2f}' for x in os.getloadavg())} |",
                   flush=True)

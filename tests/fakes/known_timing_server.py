@@ -271,7 +271,11 @@ class KnownTimingServer:
             groups.setdefault(off, []).append((data, mark, ntok))
         due = sorted(groups)
         for k, off in enumerate(due):
-            self.timer.at(received + off, self._write_group, conn, tim, groups[off], k == len(due) - 1)
+            args = (conn, tim, groups[off], k == len(due) - 1)
+            if off > 0:
+                self.timer.at(received + off, self._write_group, *args)
+            else:
+                self._write_group(*args)
 
     @staticmethod
     def _write_group(conn: _Conn, tim: dict, group: list, last: bool) -> None:
@@ -531,6 +535,7 @@ def main() -> None:  # pragma: no cover - used by scripts/bench_harness.py
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--procs", type=int, default=1)
     a = ap.parse_args()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # sigwait, not death
     lsock = socket.socket()
     lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     lsock.bind(("127.0.0.1", 0))

@@ -62,7 +62,7 @@ def test_early_role_chunk_does_not_shorten_ttft(server):
     lag = []
     for r in res["records"]:
         t = server.timings[r["response_id"]]
-        assert t["content"][0] - t["role"] >= 0.099       # the server did send the role chunk early
+        assert t["role"] < t["content"][0] - 0.05         # the server did send the role chunk early
         assert r["first_event"] < r["first_content"]      # and the client saw it early ...
         assert (r["first_content"] - r["sent"]) * 1000 >= 99.0  # ... without ending TTFT there
         lag.append((r["first_content"] + res["t0"] - t["content"][0]) * 1000)
