@@ -3,8 +3,8 @@
 What the emulator (kmock 0.8 `KubernetesEmulator`) does: stores objects in memory per
 (resource, namespace, name); create (POST; 409 when it exists), get, list, delete, PATCH and
 PATCH of the `status` subresource (both as a recursive dict merge of the body, lists replaced,
-None deletes a key), watch streams. Assertions below read those stored objects (and the recorded
-requests), not the target's return values alone.
+None deletes a key), watch streams (unused: the target polls RayService status). Assertions below
+read those stored objects (and the recorded requests), not the target's return values alone.
 
 What it does NOT do, and how the tests live with it:
 - no server-side apply: an apply PATCH merges into an existing object like any patch and answers
