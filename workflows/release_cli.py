@@ -147,7 +147,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
     say = _progress(time.monotonic())
     _refuse_local_dry_run(args)
     target = open_target(args)
-    record = target.promote(_reasons(args.report) or ["promoted by hand"], args.report, say)
+    with target.session():
+        record = target.promote(_reasons(args.report) or ["promoted by hand"], args.report, say)
     _emit(args, {"promoted": record.short(), "colour": record.colour}, f"stable is now {record.short()}")
     return 0
 
@@ -156,11 +157,12 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     say = _progress(time.monotonic())
     _refuse_local_dry_run(args)
     target = open_target(args)
-    if args.if_candidate_pending and target.status().candidate.release is None:
-        _emit(args, {"action": "none"}, "no candidate pending: nothing to roll back")
-        return 0
-    reasons = _reasons(args.report) or [args.reason]
-    action = target.rollback(reasons, args.report, say, to_previous=args.to_previous)
+    with target.session():
+        if args.if_candidate_pending and target.status().candidate.release is None:
+            _emit(args, {"action": "none"}, "no candidate pending: nothing to roll back")
+            return 0
+        action = target.rollback(_reasons(args.report) or [args.reason], args.report, say,
+                                 to_previous=args.to_previous)
     _emit(args, {"action": action}, action)
     return 0
 

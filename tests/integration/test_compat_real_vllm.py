@@ -5,17 +5,11 @@ minute to start on 2 cores). Asserts on case outcomes and token counts, never on
 """
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
 pytestmark = pytest.mark.integration
-ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 
 
 def _free_port() -> int:
@@ -26,37 +20,15 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
+    """The local target's single-engine reference server (the golden-token check's), on its own."""
+    from workflows.targets.local_stack import ReferenceEngine
     from workflows.tiny_model import build
 
-    model = build("pdops-tiny")
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("vllm") / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-         "--served-model-name", "pdops-tiny", "--host", "127.0.0.1", "--port", str(port),
-         "--enforce-eager", "--max-model-len", "1024"],
-        env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode}; see {log.name}")
-            try:
-                urllib.request.urlopen(base + "/v1/models", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"vLLM not ready after 600 s; see {log.name}")
-                time.sleep(2)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    engine = ReferenceEngine(tmp_path_factory.mktemp("vllm"), _free_port(), str(build("pdops-tiny")), "pdops-tiny",
+                             {"enforce_eager": True, "max_model_len": 1024})
+    with engine:
+        engine.wait_ready(lambda _: None, timeout_s=600)
+        yield engine.base_url.removesuffix("/v1")
 
 
 def test_compat_suite_passes_on_real_vllm(vllm_server):
