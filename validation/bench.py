@@ -15,13 +15,16 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               goodput_tpot_ms: float | None = None, seed: int = 0, keep_samples: bool = True, workers: int = 1,
               metrics_select: dict[str, list[str]] | None = None,
               metrics_phases: dict[str, dict[str, list[str]]] | None = None,
-              progress: Callable[[str], None] | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, tokenizer: str | None = None) -> dict:
+    """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths."""
     if requests is None and duration is None:
         raise ValueError("need requests or duration")
     if (concurrency is None) == (rate is None):
         raise ValueError("need exactly one of concurrency or rate")
     spec = loadgen.LoadSpec(base_url=base_url, model=model,
-                            make_request=profiles.request_factory(profile, seed, endpoint), endpoint=endpoint,
+                            make_request=profiles.request_factory(
+                                profile, seed, endpoint, profiles.Tokenizer(tokenizer, endpoint) if tokenizer else None),
+                            endpoint=endpoint,
                             concurrency=concurrency, rate=rate, poisson=poisson, requests=requests,
                             duration=duration, warmup=warmup, api_key=api_key, seed=seed,
                             progress=progress is not None)
@@ -52,7 +55,8 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
         "started_unix": started,
         **m,
         "client_health": res["client_health"],
-        "lengths": profiles.verify_lengths(res["records"]),
+        "lengths": {**profiles.verify_lengths(res["records"]),
+                    "prompts_from": f"tokenizer {tokenizer}" if tokenizer else "one word per token (no tokenizer)"},
         "server": server,
     }
     if keep_samples:

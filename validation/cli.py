@@ -108,7 +108,7 @@ def cmd_bench(args) -> int:
                     poisson=args.poisson, requests=args.requests, duration=args.duration, warmup=args.warmup,
                     metrics_url=args.metrics_url, api_key=api_key, endpoint=args.endpoint,
                     goodput_ttft_ms=args.goodput_ttft_ms, goodput_tpot_ms=args.goodput_tpot_ms,
-                    seed=args.seed, workers=args.workers, progress=_err)
+                    seed=args.seed, workers=args.workers, progress=_err, tokenizer=args.tokenizer)
     print(f"profile {res['profile']}  load {res['load']['mode']} "
           f"{'c=' + str(args.concurrency) if args.concurrency else f'rate={args.rate}/s'}  "
           f"ok {res['requests_ok']}  errors {res['errors']}  wall {res['wall_s']:.1f}s")
@@ -128,8 +128,11 @@ def cmd_bench(args) -> int:
     ch = res["client_health"]
     print(f"client: loop lag p99 {ch['loop_lag_ms']['p99']:.1f} ms, CPU mean {ch['cpu_percent']['mean']:.0f}%"
           + ("  CLIENT BOTTLENECK: " + "; ".join(ch["reasons"]) if ch["client_bottleneck"] else ""))
-    if res["lengths"]["output_mismatches"] or res["lengths"]["prompt_mismatch"]:
-        print(f"length mismatch: {res['lengths']}")
+    ln = res["lengths"]
+    print(f"prompt tokens served/requested {ln['prompt_ratio_mean']:.2f}x ({ln['prompts_from']})"
+          if ln["prompt_ratio_mean"] is not None else f"prompt lengths unverified: no usage ({ln['prompts_from']})")
+    if ln["output_mismatches"] or ln["prompt_mismatch"]:
+        print(f"length mismatch: {ln}")
     if res["server"]:
         kv = res["server"].get("kv")
         print(f"server: {res['server'].get('error') or ''}"
@@ -230,6 +233,8 @@ def register(sub) -> None:
     p.add_argument("--goodput-tpot-ms", type=_positive)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=_positive_int, default=1, help="client processes sharing the load")
+    p.add_argument("--tokenizer", help="local HF tokenizer directory of the served model: exact prompt lengths "
+                   "(default: one word per token)")
     p.add_argument("--json", type=_output_file, help="write result JSON here")
     p.set_defaults(func=cmd_bench)
 

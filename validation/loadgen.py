@@ -333,8 +333,7 @@ class _Pool:
             c.transport.close()
 
 
-async def _one(pool: _Pool, head: bytes, body: dict, raw: RawRecord, timeout: float) -> None:
-    payload = json.dumps(body).encode()
+async def _one(pool: _Pool, head: bytes, payload: bytes, raw: RawRecord, timeout: float) -> None:
     try:
         conn = await pool.acquire()
     except OSError as e:
@@ -362,12 +361,18 @@ async def run_load(spec: LoadSpec) -> dict:
             + "Content-Length: %d\r\n\r\n").encode()
     raws: list[RawRecord] = []
     rng = random.Random(spec.seed)
+
+    def build(i: int) -> tuple[dict, bytes]:
+        req = spec.make_request(i)
+        return req, json.dumps(_body(spec, req)).encode()
+
+    # prompts (tokenized ones too) and JSON made before the clock when the count is known
+    built = {i: build(i) for i in range(spec.requests or 0)}
     try:
         # warm-up: sequential, excluded from results
         for i in range(spec.warmup):
-            req = spec.make_request(-1 - i)
             r = RawRecord(index=-1 - i, warmup=True, scheduled=None)
-            await _one(pool, head, _body(spec, req), r, spec.timeout)
+            await _one(pool, head, build(-1 - i)[1], r, spec.timeout)
         if spec.concurrency:
             await pool.fill(spec.concurrency)
         health = HealthSampler()
@@ -386,13 +391,13 @@ async def run_load(spec: LoadSpec) -> dict:
             counter += 1
             return counter - 1
 
-        def new_raw(i: int, scheduled: float | None) -> tuple[RawRecord, dict]:
-            req = spec.make_request(i)
+        def new_raw(i: int, scheduled: float | None) -> tuple[RawRecord, bytes]:
+            req, payload = built.pop(i) if i in built else build(i)
             r = RawRecord(index=i, warmup=False, scheduled=scheduled,
                           expected_output_tokens=req.get("max_tokens"),
                           expected_prompt_tokens=req.get("_prompt_tokens"))
             raws.append(r)
-            return r, req
+            return r, payload
 
         if spec.rate:
             tasks = []
@@ -406,8 +411,8 @@ async def run_load(spec: LoadSpec) -> dict:
                     await asyncio.sleep(delay)
                 if deadline is not None and time.perf_counter() >= deadline:
                     break
-                r, req = new_raw(i, t_next)
-                tasks.append(asyncio.ensure_future(_one(pool, head, _body(spec, req), r, spec.timeout)))
+                r, payload = new_raw(i, t_next)
+                tasks.append(asyncio.ensure_future(_one(pool, head, payload, r, spec.timeout)))
                 gap = rng.expovariate(spec.rate) if spec.poisson else 1.0 / spec.rate
                 t_next += gap
             if tasks:
@@ -418,8 +423,8 @@ async def run_load(spec: LoadSpec) -> dict:
                     i = next_index()
                     if i is None:
                         return
-                    r, req = new_raw(i, None)
-                    await _one(pool, head, _body(spec, req), r, spec.timeout)
+                    r, payload = new_raw(i, None)
+                    await _one(pool, head, payload, r, spec.timeout)
                     if spec.progress and len(raws) % 50 == 0:
                         print(f"[bench] {len(raws)} requests issued", file=sys.stderr)
             await asyncio.gather(*(worker() for _ in range(spec.concurrency or 1)))

@@ -1,13 +1,16 @@
 """Named traffic profiles: prompt/output token lengths and their distribution. Prompts are made
-locally from a word list (no downloads); lengths are verified afterwards from the server's usage.
+locally from a word list (no downloads). With the served model's tokenizer (a local HF directory)
+they have exactly the profile's prompt length as the server counts it; without one, one word is
+taken for one token. Either way lengths are verified afterwards from the server's usage.
 """
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
-# One word ~ one token for most BPE tokenizers on common English words; verification against the
-# server's usage reports the actual ratio.
+# Without a tokenizer one word stands for one token; small vocabularies split words, so the real
+# count runs higher (about 2x with the tiny model); verification reports the ratio.
 WORDS = ("time person year way day thing man world life hand part child eye woman place work week "
          "case point government company number group problem fact able bad best better big black "
          "certain clear different early easy economic federal free full good great hard high human "
@@ -59,13 +62,50 @@ def make_prompt(n_tokens: int, rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(max(1, n_tokens)))
 
 
-def request_factory(profile: Profile, seed: int = 0, endpoint: str = "chat"):
+class Tokenizer:
+    """Prompts of an exact token count for one endpoint, counted as vLLM counts them: chat through
+    the model's chat template with the generation prompt, completions as the bare text."""
+
+    def __init__(self, path: str, endpoint: str = "chat"):
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # load workers fork after loading
+        from transformers import AutoTokenizer
+        self.path = str(path)
+        self.tok = AutoTokenizer.from_pretrained(self.path)
+        self.chat = endpoint == "chat" and bool(self.tok.chat_template)
+        # words that are one token after a space: with a byte-level BPE each adds exactly one token
+        self.words = [w for w in WORDS if len(self.tok.encode(" " + w, add_special_tokens=False)) == 1]
+        if len(self.words) < 16:
+            raise ValueError(f"{self.path}: fewer than 16 of the prompt words are single tokens")
+
+    def count(self, text: str) -> int:
+        if self.chat:
+            ids = self.tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                               tokenize=True)
+            return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return len(self.tok(text)["input_ids"])
+
+    def prompt(self, n_tokens: int, rng: random.Random) -> str:
+        """Add or drop words until the count is exact; below the template's own length, one word."""
+        words = [rng.choice(self.words)]
+        words += [rng.choice(self.words) for _ in range(n_tokens - self.count(words[0]))]
+        for _ in range(8):
+            c = self.count(" ".join(words))
+            if c < n_tokens:
+                words += [rng.choice(self.words) for _ in range(n_tokens - c)]
+            elif c > n_tokens and len(words) > 1:
+                del words[max(1, len(words) - (c - n_tokens)):]
+            else:
+                break
+        return " ".join(words)
+
+
+def request_factory(profile: Profile, seed: int = 0, endpoint: str = "chat", tokenizer: Tokenizer | None = None):
     """index -> request body fragment (deterministic per index). Forces exactly output_tokens via
     max_tokens + ignore_eos (vLLM extension; ignored by others) so TPOT compares like with like."""
     def make(i: int) -> dict:
         rng = random.Random(seed * 1_000_003 + i)
         p, o = profile.sample(rng)
-        text = make_prompt(p, rng)
+        text = tokenizer.prompt(p, rng) if tokenizer else make_prompt(p, rng)
         body = {"max_tokens": o, "temperature": 0, "ignore_eos": True, "_prompt_tokens": p}
         if endpoint == "chat":
             body["messages"] = [{"role": "user", "content": text}]

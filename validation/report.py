@@ -14,7 +14,8 @@ from validation.server_metrics import side_by_side  # noqa: E402
 
 
 def _fmt(v) -> str:
-    return "–" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
+    return "–" if v is None else (f"{v:.1f}" if isinstance(v, float) and abs(v) >= 10 else
+                                  f"{v:.2f}" if isinstance(v, float) else str(v))
 
 
 def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
@@ -23,8 +24,8 @@ def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
     if benches:
         lines += ["## Benchmarks (ms)", "",
                   "| run | ok | err | TTFT p50 | TTFT p90 | TTFT p99 | ITL p90 | ITL p99 | TPOT p90 | TPOT p99 | tokens/chunk "
-                  "| goodput req/s | client |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| prompt tokens served/requested | goodput req/s | client |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         notes = []
         for i, b in enumerate(benches):
             g = lambda m, q: _fmt((b.get(m) or {}).get(q))  # noqa: E731
@@ -36,7 +37,8 @@ def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
             lines.append(f"| {bench_label(b, i)} | {b.get('requests_ok')} | {b.get('errors')} | {g('ttft_ms', 'p50')} | "
                          f"{g('ttft_ms', 'p90')} | {g('ttft_ms', 'p99')} | {g('itl_ms', 'p90')}{chunk} | "
                          f"{g('itl_ms', 'p99')}{chunk} | {g('tpot_ms', 'p90')} | {g('tpot_ms', 'p99')} | "
-                         f"{g('tokens_per_chunk', 'mean')} | {_fmt(b.get('goodput_rps'))} | {ch} |")
+                         f"{g('tokens_per_chunk', 'mean')} | {g('lengths', 'prompt_ratio_mean')} | "
+                         f"{_fmt(b.get('goodput_rps'))} | {ch} |")
         lines += [""] + notes + ([""] if notes else [])
         sbs = [(bench_label(b, i), r) for i, b in enumerate(benches) for r in side_by_side(b)]
         if sbs:
