@@ -1,6 +1,7 @@
 """One benchmark run: profile -> load -> metrics + client health + server-side diff -> JSON dict."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from typing import Callable
@@ -33,6 +34,9 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
         progress(f"[bench] {profile.name}: {'c=' + str(concurrency) if concurrency else f'rate={rate}/s'} "
                  f"requests={requests} duration={duration} warmup={warmup}")
     started = time.time()
+    if warmup:  # before the first scrape, so the server's histograms hold the measured requests only
+        loadgen.run(dataclasses.replace(spec, concurrency=1, rate=None, requests=0, duration=None))
+        spec = dataclasses.replace(spec, warmup=0)
     scraper.before()
     # A process that imported Ray/vLLM (as `pdops release` has) holds ~700k objects; one full
     # collection then stalls the event loop ~0.5 s (measured), which the harness would report as

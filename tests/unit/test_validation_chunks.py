@@ -60,3 +60,11 @@ def test_one_token_per_chunk_keeps_client_itl():
     assert b["itl_level"] == "token"
     _, c = _itl_check(b)
     assert "from client ITL" in c["message"] and c["value"] == b["itl_ms"]["p90"]
+
+
+def test_server_window_excludes_warmup():
+    with KnownTimingServer(first_token_delay=0.005, inter_token_delay=0.001, tokens=4) as s:
+        b = run_bench(s.base_url, "fake-model", profiles.custom(8, 4), concurrency=2, requests=4, warmup=2,
+                      metrics_url=f"http://127.0.0.1:{s.port}/metrics")
+        assert len(s.timings) == 6
+    assert b["requests_ok"] == 4 and b["server"]["histograms"]["time_to_first_token_seconds"]["count"] == 4
