@@ -25,6 +25,8 @@ MAX_YAML_NODES = 20_000
 MAX_YAML_DEPTH = 32
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# Parts of an environment variable name that say it holds a credential (HF_TOKEN, VLLM_API_KEY, ...).
+SECRET_NAME_PARTS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "APIKEY", "CREDENTIALS"}
 INT32_MAX = 2**31 - 1
 
 
@@ -94,6 +96,16 @@ class Phase(_Strict):
         if not isinstance(kwargs.get("kv_transfer_config", {}), dict):
             raise ValueError("engine_kwargs.kv_transfer_config must be a mapping (merged over kv_transfer)")
         return kwargs
+
+    @field_validator("env")
+    @classmethod
+    def _no_credentials(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if SECRET_NAME_PARTS & set(name.upper().split("_")):
+                raise ValueError(f"{name} looks like a credential: release.yaml is committed and rendered into the "
+                                 "RayService; put it in a Kubernetes Secret and reference it from the overlay's "
+                                 "worker group env (valueFrom.secretKeyRef)")
+        return env
 
     @model_validator(mode="after")
     def _one_scaling(self) -> "Phase":

@@ -253,8 +253,9 @@ def test_security(release, canary):
 
 
 def test_no_secrets_inline(objects):
+    """Secrets only by reference (tests/unit/test_safety.py checks every env var and parameter)."""
     text = json.dumps(objects).lower()
-    for word in ("password", "token:", "apikey", "api_key"):
+    for word in ("password", "token:", "apikey", "bearer"):
         assert word not in text
 
 
@@ -298,21 +299,7 @@ def test_rbac_namespaced_least_privilege(objects):
             assert s["namespace"]
     roles = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "pd-release"]
     assert {r["metadata"]["namespace"] for r in roles} == set(argo.ENV_NAMESPACES.values())
-    expected = {
-        ("ray.io", "rayservices"): ["get", "list", "watch", "create", "patch", "update", "delete"],
-        ("ray.io", "rayservices/status"): ["get"],
-        ("", "services"): ["get", "list", "patch", "create"],
-        ("", "configmaps"): ["get", "list", "create", "patch", "update"],
-        ("", "events"): ["list"],
-        ("", "pods"): ["get", "list"],
-        ("", "serviceaccounts"): ["get", "create", "patch"],
-        ("policy", "poddisruptionbudgets"): ["get", "create", "patch", "delete"],
-        ("monitoring.coreos.com", "podmonitors"): ["get", "create", "patch"],
-        ("coordination.k8s.io", "leases"): ["get", "create", "patch", "delete"],
-    }
-    for role in roles:
-        got = {(g, res): r["verbs"] for r in role["rules"] for g in r["apiGroups"] for res in r["resources"]}
-        assert got == expected
+    # The exact grants are pinned in ONE place: tests/unit/test_rbac.py (GRANTS, with why).
     for o in objs:
         for r in o.get("rules", []):
             assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"]
