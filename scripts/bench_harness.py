@@ -12,7 +12,7 @@ known-timing fake server, at concurrency 1, 16, 64, 256. The server runs in its 
 The machine's load averages are printed with each level: figures taken under load are not
 comparable (re-run when the 1-minute load is above the core count).
 
-Usage: .venv/bin/python scripts/bench_harness.py [--levels 1,16,64,256] [--workers 2] [--server-procs 1]
+Usage: .venv/bin/python scripts/bench_harness.py [--levels 1,16,64,256] [--workers 2] [--server-procs 2]
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def main() -> int:
     ap.add_argument("--first-token-delay", type=float, default=0.1)
     ap.add_argument("--inter-token-delay", type=float, default=0.02)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--workers", type=int, default=1, help="client processes (validation.loadgen.run_workers)")
-    ap.add_argument("--server-procs", type=int, default=1, help="fake server processes on one SO_REUSEPORT port")
+    ap.add_argument("--workers", type=int, default=2, help="client processes (validation.loadgen.run_workers)")
+    ap.add_argument("--server-procs", type=int, default=2, help="fake server processes on one SO_REUSEPORT port")
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3, help="requests per slot: requests = rounds * concurrency")
     a = ap.parse_args()

@@ -8,9 +8,9 @@ benchmark script, in processes of its own: `python -m tests.fakes.known_timing_s
 It is a reference clock for the harness, so it must not be the bottleneck at 256 streams on two
 cores. Three layers, one concern each:
 - the OpenAI layer (`_dispatch`) validates a request and answers a `Reply` or a `Stream` whose SSE
-  events are encoded up front, each due at a known offset from the request's receipt;
+  events are each due at a known offset from the request's receipt;
 - the HTTP/1.1 layer (`_Conn`, a raw asyncio Protocol, uvloop when installed) frames and writes
-  them, so the due time only costs a socket write;
+  them; an event is encoded one step ahead, so its due time only costs a socket write;
 - `DeadlineTimer` fires at absolute time.perf_counter() deadlines with microsecond precision and
   never early (event-loop timers round to milliseconds; uvloop's fire up to 1.2 ms early).
 Every content write is stamped (`timings`, `/_timings`), and `/metrics` exports vLLM-named TTFT,
@@ -33,6 +33,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Iterator
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -58,9 +59,11 @@ class Reply:
 
 @dataclass
 class Stream:
-    """SSE events, each (seconds after receipt, encoded event, timing mark, tokens in it)."""
+    """SSE events in time order, each (seconds after receipt, encoded event, timing mark, tokens
+    in it). An iterator: each event is encoded after the one before it is written, since encoding
+    a whole stream on receipt (~250 us) queued the receipt of the next requests in a burst."""
     rid: str
-    events: list[tuple[float, bytes, str | None, int]]
+    events: Iterator[tuple[float, bytes, str | None, int]]
 
 
 def _json(status: int, obj) -> Reply:
@@ -266,28 +269,33 @@ class KnownTimingServer:
     # ---- streaming: write each pre-encoded event group at its deadline --------------------
     def _stream(self, conn: _Conn, s: Stream, received: float) -> None:
         tim = self.timings[s.rid] = {"received": received, "role": None, "content": [], "tokens": []}
-        groups: dict[float, list] = {}
-        for off, data, mark, ntok in s.events:
-            groups.setdefault(off, []).append((data, mark, ntok))
-        due = sorted(groups)
-        for k, off in enumerate(due):
-            args = (conn, tim, groups[off], k == len(due) - 1)
-            if off > 0:
-                self.timer.at(received + off, self._write_group, *args)
-            else:
-                self._write_group(*args)
+        self._schedule(conn, tim, s.events, next(s.events), received)
 
-    @staticmethod
-    def _write_group(conn: _Conn, tim: dict, group: list, last: bool) -> None:
+    def _schedule(self, conn: _Conn, tim: dict, events: Iterator, first: tuple, received: float) -> None:
+        """Encode the events due with `first` (and one beyond) and write them at their deadline."""
+        group, nxt = [first], next(events, None)
+        while nxt is not None and nxt[0] == first[0]:
+            group.append(nxt)
+            nxt = next(events, None)
+        args = (conn, tim, group, events, nxt, received)
+        if first[0] > 0:
+            self.timer.at(received + first[0], self._write_group, *args)
+        else:
+            self._write_group(*args)
+
+    def _write_group(self, conn: _Conn, tim: dict, group: list, events: Iterator, nxt: tuple | None,
+                     received: float) -> None:
         now = time.perf_counter()
-        for _, mark, ntok in group:
+        for _, _, mark, ntok in group:
             if mark == "role":
                 tim["role"] = now
             elif mark == "content":
                 tim["content"].append(now)
                 tim["tokens"].append(ntok)
-        conn._write(b"".join(b"%x\r\n%s\r\n" % (len(d), d) for d, _, _ in group) + (b"0\r\n\r\n" if last else b""))
-        if last:
+        conn._write(b"".join(b"%x\r\n%s\r\n" % (len(d), d) for _, d, _, _ in group) + (b"" if nxt else b"0\r\n\r\n"))
+        if nxt:
+            self._schedule(conn, tim, events, nxt, received)
+        else:
             conn.done()
 
     # ---- routing -------------------------------------------------------------------------
@@ -465,19 +473,21 @@ class KnownTimingServer:
             r = _json(200, out)
             r.delay = self.first_token_delay + self.inter_token_delay * max(0, self.tokens - 1)
             return r
+        return Stream(rid, self._events(p, plans, chat, rid, created))
 
+    def _events(self, p: dict, plans: list, chat: bool, rid: str, created: int) -> Iterator:
+        body = p["body"]
         cobj = "chat.completion.chunk" if chat else "text_completion"
-        events: list[tuple[float, bytes, str | None, int]] = []
 
-        def add(off: float, choices: list, mark: str | None = None, ntok: int = 0, usage=None) -> None:
+        def ev(off: float, choices: list, mark: str | None = None, ntok: int = 0, usage=None) -> tuple:
             d = {"id": rid, "object": cobj, "created": created, "model": self.model, "choices": choices}
             if usage is not None:
                 d["usage"] = usage
-            events.append((off, b"data: " + json.dumps(d).encode() + b"\n\n", mark, ntok))
+            return off, b"data: " + json.dumps(d).encode() + b"\n\n", mark, ntok
 
         if chat and self.early_role_chunk:
-            add(0.0, [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                      for i in range(p["n"])], "role")
+            yield ev(0.0, [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                           for i in range(p["n"])], "role")
         maxlen = max((len(t) for t, _ in plans), default=0)
         tpc = max(1, self.tokens_per_chunk)
         off = self.first_token_delay
@@ -497,7 +507,7 @@ class KnownTimingServer:
                 else:
                     c["text"] = "".join(piece)
                 choices.append(c)
-            add(off, choices, "content", max(len(t[start:start + tpc]) for t, _ in plans))
+            yield ev(off, choices, "content", max(len(t[start:start + tpc]) for t, _ in plans))
         final = []
         for i, (toks, finish) in enumerate(plans):
             c = {"index": i, "finish_reason": finish, "logprobs": None}
@@ -506,13 +516,12 @@ class KnownTimingServer:
             else:
                 c["text"] = ""
             final.append(c)
-        add(off, final)
+        yield ev(off, final)
         so = body.get("stream_options") or {}
         if so.get("include_usage") and not self.broken.missing_usage:
-            add(off, [], usage=self._usage(p["prompt_tokens"], sum(len(t) for t, _ in plans)))
+            yield ev(off, [], usage=self._usage(p["prompt_tokens"], sum(len(t) for t, _ in plans)))
         if not self.broken.missing_done:
-            events.append((off, b"data: [DONE]\n\n", None, 0))
-        return Stream(rid, events)
+            yield off, b"data: [DONE]\n\n", None, 0
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
