@@ -145,3 +145,31 @@ def test_workers_split_and_merge(server):
     ttft_err, _, _ = _truth_errors(server, res)
     assert all(e >= 0 for e in ttft_err) and med(ttft_err) < TOL_MS
     assert res["wall_s"] < 5.0
+
+
+def test_raw_client_deframes_responses_split_anywhere():
+    import asyncio
+    from types import SimpleNamespace
+    from validation.loadgen import _Conn
+    events = [b'data: {"a": 1}\n\n', b"data: " + b"x" * 300 + b"\n\n", b"data: [DONE]\n\n"]
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
+    sized = b"HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope!"
+
+    async def feed(resp, step):
+        conn = _Conn()
+        conn.transport = SimpleNamespace(write=lambda b: None)
+        raw = RawRecord(index=0, warmup=False, scheduled=None)
+        done = conn.send(b"", raw)
+        for i in range(0, len(resp), step):
+            assert not done.done()          # the response is not over before its last byte
+            conn.data_received(resp[i:i + step])
+        assert done.done()
+        return conn, raw
+
+    for step in (1, 2, 7, 64, len(chunked)):
+        conn, raw = asyncio.run(feed(chunked, step))
+        assert raw.status == 200 and raw.error is None and conn.reusable
+        assert b"".join(d for _, d in raw.reads) == b"".join(events)
+        _, raw = asyncio.run(feed(sized, step))
+        assert raw.error == "HTTP 404: nope!"
