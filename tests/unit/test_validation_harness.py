@@ -173,3 +173,45 @@ def test_raw_client_deframes_responses_split_anywhere():
         assert b"".join(d for _, d in raw.reads) == b"".join(events)
         _, raw = asyncio.run(feed(sized, step))
         assert raw.error == "HTTP 404: nope!"
+
+
+def test_raw_client_against_uvicorn():
+    """The HTTP stack vLLM and Ray Serve answer with (h11 via uvicorn), not only our own fake."""
+    import asyncio
+    import threading
+    import time
+    uvicorn = pytest.importorskip("uvicorn")
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def chat(request):
+        body = await request.json()
+        if body["model"] != "m":
+            return JSONResponse({"error": {"message": "no such model"}}, status_code=404)
+
+        async def gen():
+            yield b'data: {"id":"x","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+            for i in range(5):
+                await asyncio.sleep(0.01)
+                yield b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i
+            yield b'data: {"id":"x","choices":[],"usage":{"completion_tokens":5}}\n\ndata: [DONE]\n\n'
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]),
+                                           host="127.0.0.1", port=0, log_level="error", lifespan="off"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    while not server.started:
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        res = run(LoadSpec(f"http://127.0.0.1:{port}/v1", "m", _req(5), concurrency=2, requests=4))
+        bad = run(LoadSpec(f"http://127.0.0.1:{port}/v1", "nope", _req(5), concurrency=1, requests=1))
+    finally:
+        server.should_exit = True
+        t.join(5)
+    for r in res["records"]:
+        assert r["error"] is None and r["text"] == "t0t1t2t3t4" and r["saw_done"] and r["usage"]
+        assert len(r["chunk_times"]) == 5 and r["first_content"] - r["sent"] >= 0.009
+    assert bad["records"][0]["error"].startswith("HTTP 404")
