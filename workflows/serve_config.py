@@ -93,10 +93,12 @@ def build_serve_config(spec: ReleaseSpec) -> dict[str, Any]:
 
 
 def app_args(serve_config: dict[str, Any]) -> dict[str, Any]:
-    """The PDServingArgs of the (single) P/D application in a serve config."""
-    apps = serve_config.get("applications") or []
-    pd = [a for a in apps if a.get("import_path") == IMPORT_PATH]
-    return pd[0].get("args", {}) if pd else {}
+    """The PDServingArgs of the (single) P/D application in a serve config; {} when it has none
+    (or a hand-edited manifest gives these keys values of another shape)."""
+    apps = serve_config.get("applications")
+    pd = [a for a in (apps if isinstance(apps, list) else []) if isinstance(a, dict) and a.get("import_path") == IMPORT_PATH]
+    args = pd[0].get("args") if pd else None
+    return args if isinstance(args, dict) else {}
 
 
 def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
@@ -111,6 +113,6 @@ def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
         field = "serveConfigV2.applications[0].args." + ".".join(str(p) for p in err["loc"])
         raise InputError(file, field, f"rejected by Ray Serve LLM's PDServingArgs: {err['msg']}",
                          "fix the release spec field that produces it (README: Release spec)") from None
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:   # Ray's validators assume shapes
         raise InputError(file, "serveConfigV2.applications[0].args",
                          f"rejected by Ray Serve LLM's PDServingArgs: {exc}") from None

@@ -346,6 +346,48 @@ def test_arbitrary_bytes_as_kustomization(repo, data):
     assert_rejected(repo, "kustomization.yaml", data, None, ("render",))
 
 
+def test_patch_with_a_value_of_the_wrong_type_is_a_finding(repo):
+    """kustomize accepts `maxReplicas: lots`; the rules must report it, not crash on int('lots')."""
+    patch = repo / "overlays" / "local" / "lots.yaml"
+    patch.write_text("apiVersion: ray.io/v1\nkind: RayService\nmetadata: {name: pd-llm}\nspec:\n  rayClusterConfig:\n"
+                     "    workerGroupSpecs:\n    - {groupName: prefill, maxReplicas: lots}\n")
+    try:
+        with written(repo / "overlays" / "local" / "kustomization.yaml",
+                     yaml.safe_dump({**LOCAL_KUSTOMIZATION, "patches": [{"path": "lots.yaml"}]})):
+            code, err, wrote = outcome(repo, "render")
+    finally:
+        patch.unlink()
+    assert code == 1 and not wrote, err
+    assert "maxReplicas: 'lots' is not of type 'integer'" in err and "could not be checked" in err
+
+
+junk_values = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=4),
+                        st.lists(st.integers(0, 2), max_size=2), st.dictionaries(st.sampled_from("ab"), st.integers(0, 2), max_size=2))
+
+
+@fuzz(30)
+@given(data=st.data(), junk=junk_values)
+def test_check_of_a_damaged_manifest_never_crashes(rendered, tmp_path_factory, data, junk):
+    """`check -f` on a rendered manifest with any one value replaced (objects or serveConfigV2):
+    findings or bad input, never a traceback."""
+    from workflows.manifest import dump_manifest, dump_yaml, serve_config_of
+
+    r = rendered("local")
+    inside_serve_config = data.draw(st.booleans())
+    doc = serve_config_of(r.rayservice) if inside_serve_config else r.objects
+    path, _ = data.draw(st.sampled_from(list(nodes(doc))))
+    target = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = junk
+    if inside_serve_config:
+        r.rayservice["spec"]["serveConfigV2"] = dump_yaml(doc)
+    manifest = tmp_path_factory.mktemp("damaged") / "manifest.yaml"
+    manifest.write_text(dump_manifest(r.objects))
+    code, out, err = run("check", "-f", str(manifest))
+    assert code in (0, 1, 2), err
+
+
 # -- pdops compat / bench / gate arguments ---------------------------------------------------------
 
 URL = "http://127.0.0.1:9/v1"       # nothing listens: every case must stop before sending anything

@@ -333,4 +333,12 @@ def lint(r: Rendered) -> list[Finding]:
     if not _args(r):
         return [Finding("serve-config", "spec.serveConfigV2 has no build_pd_openai_app application", r.file,
                         f"{_rs_name(r)} spec.serveConfigV2", "render the overlay with pdops so the serve config is filled")]
-    return [f for check in RULES for f in check(r)]
+    findings: list[Finding] = []
+    for check in RULES:
+        try:
+            findings += check(r)
+        except (TypeError, ValueError, AttributeError) as exc:   # a value of the wrong type or shape
+            findings.append(Finding(check.__name__.replace("_", "-"), f"could not be checked: {exc}",
+                                    r.kustomization_file(), _rs_name(r),
+                                    "correct the value's type (the schema findings name the field)"))
+    return findings
