@@ -191,8 +191,13 @@ def cmd_gate(args) -> int:
         raise InputError(args.compat, "", "expected the JSON object `pdops compat --json` writes, got a list")
     benches = [b for f in args.bench for b in _benches_of(_load(f), f)]
     stable = _benches_of(_load(args.stable_report), args.stable_report) if args.stable_report else None
-    decision = gate.decide(compat, benches, slo, stable)
-    files = report.write(args.out, decision, compat, benches)
+    try:
+        decision = gate.decide(compat, benches, slo, stable)
+        files = report.write(args.out, decision, compat, benches)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:   # JSON, but not a report's shape
+        named = [f for f in (args.compat, *args.bench, args.stable_report) if f]
+        raise InputError(", ".join(named), "", f"not reports `pdops compat/bench --json` wrote: "
+                         f"{type(exc).__name__}: {exc}", "pass the files those commands wrote") from None
     print(f"verdict: {decision['verdict']}")
     for r in decision["reasons"]:
         print(f"  - {r}")

@@ -458,3 +458,22 @@ def test_gate_output_and_release_errors(reports):
     code, _, err = run("gate", "--bench", str(reports / "list.json"), "--release", str(reports / "r" / "release.yaml"),
                        "--out", str(reports / "out"))
     assert code == 2 and "release.yaml: file not found" in err
+
+
+BENCH_KEYS = ["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "load", "samples", "server", "errors", "requests_ok",
+              "profile", "lengths", "itl_level", "tokens_per_chunk", "goodput_rps", "slo_attainment"]
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.floats(0, 10) | st.text(max_size=3),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                           max_leaves=6)
+
+
+@fuzz(15)
+@given(report=st.dictionaries(st.sampled_from(BENCH_KEYS), json_values, max_size=5))
+def test_gate_on_json_that_is_not_a_bench_report(tmp_path_factory, report):
+    """Valid JSON of the wrong shape: a verdict (rollback) or bad input naming the file, never a traceback."""
+    folder = tmp_path_factory.mktemp("gate")
+    (folder / "bench.json").write_text(json.dumps({"kind": "bench", **report}))
+    code, _, err = run("gate", "--bench", str(folder / "bench.json"), "--out", str(folder / "out"),
+                       "--release", str(ROOT / "overlays" / "local" / "release.yaml"))
+    assert code in (1, 2), err
+    assert code == 1 or err.startswith(f"error: {folder / 'bench.json'}: not reports"), err
