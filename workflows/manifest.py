@@ -146,8 +146,13 @@ def dump_manifest(objects: list[dict[str, Any]]) -> str:
 
 
 def serve_config_of(rayservice: dict[str, Any]) -> dict[str, Any]:
-    text = (rayservice.get("spec") or {}).get("serveConfigV2") or ""
-    config = yaml.safe_load(text) if isinstance(text, str) and text.strip() else {}
+    """The parsed serveConfigV2; {} when absent or unreadable (the checks then say it is missing)."""
+    spec = rayservice.get("spec")
+    text = spec.get("serveConfigV2") if isinstance(spec, dict) else None
+    try:
+        config = yaml.safe_load(text) if isinstance(text, str) and text.strip() else {}
+    except yaml.YAMLError:
+        config = {}
     return config if isinstance(config, dict) else {}
 
 

@@ -106,13 +106,19 @@ def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
     from pydantic import ValidationError
     from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
 
+    args = app_args(serve_config)
+    paths = [key for key, value in args.items() if isinstance(value, str)]
+    if paths:   # PDServingArgs would open it as a YAML file on this machine
+        raise InputError(file, f"serveConfigV2.applications[0].args.{paths[0]}",
+                         "a string here is a file path Ray reads locally; the config must be inline",
+                         "render the overlay with `pdops render`")
     try:
-        PDServingArgs.model_validate(copy.deepcopy(app_args(serve_config)))
+        PDServingArgs.model_validate(copy.deepcopy(args))
     except ValidationError as exc:
         err = exc.errors()[0]
         field = "serveConfigV2.applications[0].args." + ".".join(str(p) for p in err["loc"])
         raise InputError(file, field, f"rejected by Ray Serve LLM's PDServingArgs: {err['msg']}",
                          "fix the release spec field that produces it (README: Release spec)") from None
-    except (ValueError, TypeError, AttributeError, KeyError) as exc:   # Ray's validators assume shapes
+    except (ValueError, TypeError, AttributeError, KeyError, OSError) as exc:   # Ray's validators assume shapes
         raise InputError(file, "serveConfigV2.applications[0].args",
                          f"rejected by Ray Serve LLM's PDServingArgs: {exc}") from None

@@ -339,6 +339,6 @@ def lint(r: Rendered) -> list[Finding]:
             findings += check(r)
         except (TypeError, ValueError, AttributeError) as exc:   # a value of the wrong type or shape
             findings.append(Finding(check.__name__.replace("_", "-"), f"could not be checked: {exc}",
-                                    r.kustomization_file(), _rs_name(r),
+                                    r.kustomization_file(), "",
                                     "correct the value's type (the schema findings name the field)"))
     return findings
