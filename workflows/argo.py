@@ -30,12 +30,18 @@ ENV_NAMESPACES = {"dev": "llm-dev", "staging": "llm-staging", "prod": "llm-prod"
 PROFILES = ("balanced", "long-prompt-short-output", "short-prompt-long-output")
 SRC = "/workspace/src"          # git input artifact (the revision under release)
 RUN_AS_USER = 10001              # matches the Dockerfile's user
+# The API key validation sends (when the endpoint needs one) comes from a Secret by reference,
+# never from a workflow parameter; `optional` lets endpoints without auth run without the Secret.
+API_KEY_ENV = "PDOPS_API_KEY"
+API_KEY_SECRET = {"name": "pdops-validation-api-key", "key": "api-key"}
 
 P = "{{workflow.parameters.%s}}"
 OVERLAY = "overlays/" + P % "environment"
 ENV_NS = "llm-" + P % "environment"   # overlays/<env> use namespace llm-<env> (see ENV_NAMESPACES)
-BASE_URL = "http://" + P % "service" + "." + ENV_NS + ".svc.cluster.local:8000/v1"
-METRICS_URL = "http://" + P % "metrics-service" + "." + ENV_NS + ".svc.cluster.local:8080/metrics"
+# Validation reaches the slot it judges (the candidate in pd-release, stable in pd-canary) at the
+# URLs `pdops endpoint` reports: the colour's own serve and head Services, never the stable route.
+BASE_URL = "{{inputs.parameters.base-url}}"
+METRICS_URL = "{{inputs.parameters.metrics-url}}"
 MODEL = "{{inputs.parameters.model}}"   # from the facts step (model.id of overlays/<env>/release.yaml)
 
 # `pdops workflows gate-outputs` writes one file per value under the gate's --out directory
@@ -51,11 +57,11 @@ GAUGE_HELP = {"pd_release_ttft_ms": "time to first token (ms) measured by the ga
               "pd_release_kv_prompt_tokens": "prompt tokens that arrived by NIXL KV transfer during the bench"}
 
 # per-step timeouts (activeDeadlineSeconds)
-DEADLINES = {"build-config": 300, "check": 600, "rollout": 1800, "compat": 900, "bench": 1800,
+DEADLINES = {"stable-endpoint": 300, "build-config": 300, "check": 600, "rollout": 1800, "compat": 900, "bench": 1800,
              "gate": 300, "facts": 300, "promote": 900, "rollback": 900, "exit-rollback": 900, "alert": 120}
 WORKFLOW_DEADLINE = 4 * 3600
 CANARY_DEADLINE = 1500
-RETRIED = ("build-config", "check", "compat", "bench")   # read-only: safe to retry
+RETRIED = ("build-config", "check", "compat", "bench", "stable-endpoint")   # read-only: safe to retry
 NOT_RETRIED = ("rollout", "promote", "rollback", "exit-rollback")
 
 
@@ -101,8 +107,8 @@ def _source():
 
 def _step(name: str, args: list[str], *, command: list[str] | None = None, checkout: bool = True,
           inputs: list | None = None, outputs: list | None = None, retry: bool = False,
-          cpu: str = "250m", memory: str = "512Mi", deadline: int | None = None):
-    """A container template running `pdops ARGS` in the step image."""
+          cpu: str = "250m", memory: str = "512Mi", deadline: int | None = None, api_key: bool = False):
+    """A container template running `pdops ARGS` in the step image (api_key: with $PDOPS_API_KEY)."""
     from hera.workflows import Container
 
     m = _hera()
@@ -113,7 +119,8 @@ def _step(name: str, args: list[str], *, command: list[str] | None = None, check
         command=command or ["pdops"],
         args=args,
         working_dir=SRC if checkout else "/tmp",
-        env=_env(),
+        env=_env() + ([m.EnvVar(name=API_KEY_ENV, value_from=m.EnvVarSource(
+            secret_key_ref=m.SecretKeySelector(**API_KEY_SECRET, optional=True)))] if api_key else []),
         volume_mounts=[m.VolumeMount(name="tmp", mount_path="/tmp")],
         security_context=csc,
         inputs=([_source()] if checkout else []) + list(inputs or []),
@@ -174,11 +181,28 @@ def _common_params(extra: list) -> list:
         *extra,
         Parameter(name="repo-url", value=REPO_URL, description="git repository holding the overlays"),
         Parameter(name="step-image", value=STEP_IMAGE, description="image running the pdops steps"),
-        Parameter(name="service", value="pd-llm",
-                  description="Service (port 8000, namespace llm-<environment>) the validation steps talk to"),
-        Parameter(name="metrics-service", value="pd-llm-head-svc",
-                  description="Service whose :8080/metrics carries the vLLM/NIXL KV-transfer counters"),
     ]
+
+
+def _endpoint_outputs() -> list:
+    """`pdops endpoint`'s files (--out / --endpoint-out /tmp/endpoint) as output parameters."""
+    from hera.workflows import Parameter
+
+    m = _hera()
+    return [Parameter(name=n, value_from=m.ValueFrom(path=f"/tmp/endpoint/{n}")) for n in ("base-url", "metrics-url")]
+
+
+def _endpoint_args(task: str) -> list:
+    from hera.workflows import Parameter
+
+    return [Parameter(name=n, value="{{tasks.%s.outputs.parameters.%s}}" % (task, n))
+            for n in ("base-url", "metrics-url")]
+
+
+def _validation_inputs() -> list:
+    from hera.workflows import Parameter
+
+    return [Parameter(name=n) for n in ("model", "base-url", "metrics-url")]
 
 
 def build_release(image: str = STEP_IMAGE):
@@ -200,7 +224,7 @@ def build_release(image: str = STEP_IMAGE):
         if p.name == "step-image":
             p.value = image
     dry = "--dry-run=" + P % "dry-run"
-    base = ["--base-url", BASE_URL]
+    base = ["--base-url", BASE_URL, "--api-key-env", API_KEY_ENV]
     target = ["--target", "kubernetes", "--overlay", OVERLAY, "--namespace", ENV_NS]
     verdict = "{{tasks.gate.outputs.parameters.verdict}}"
     skip = P % "skip-to-rollback"
@@ -236,15 +260,16 @@ def build_release(image: str = STEP_IMAGE):
             command=["sh", "-c"], retry=True,
             outputs=[Artifact(name="rendered", path="/tmp/rendered.yaml"),
                      Artifact(name="check", path="/tmp/check.json")])
-        rollout = _step("rollout", ["rollout", *target, "--revision", P % "revision", dry])
+        rollout = _step("rollout", ["rollout", *target, "--revision", P % "revision", dry,
+                                    "--endpoint-out", "/tmp/endpoint"], outputs=_endpoint_outputs())
         compat = _step("compat", ["compat", *base, "--model", MODEL, "--json", "/tmp/compat.json"],
-                       checkout=False, retry=True, inputs=[Parameter(name="model")],
+                       checkout=False, retry=True, inputs=_validation_inputs(), api_key=True,
                        outputs=[Artifact(name="compat", path="/tmp/compat.json")])
         bench = _step("bench", ["bench", *base, "--model", MODEL, "--profile", P % "validation-profile",
                                 "--concurrency", "8", "--requests", "128", "--warmup", "4",
                                 "--metrics-url", METRICS_URL, "--json", "/tmp/bench.json"],
-                      checkout=False, retry=True, cpu="1", memory="1Gi", inputs=[Parameter(name="model")],
-                      outputs=[Artifact(name="bench", path="/tmp/bench.json")])
+                      checkout=False, retry=True, cpu="1", memory="1Gi", inputs=_validation_inputs(),
+                      api_key=True, outputs=[Artifact(name="bench", path="/tmp/bench.json")])
         gate = _step("gate", [_gate_script()], command=["sh", "-c"],
                      inputs=[Artifact(name="compat", path="/tmp/in/compat.json"),
                              Artifact(name="bench", path="/tmp/in/bench.json")],
@@ -253,7 +278,8 @@ def build_release(image: str = STEP_IMAGE):
         rollback = _step("rollback", ["rollback", *target, dry])
         exit_rollback = _step("exit-rollback", ["rollback", *target, "--if-candidate-pending", dry])
 
-        model_arg = [Parameter(name="model", value="{{tasks.build-config.outputs.parameters.model}}")]
+        model_arg = [Parameter(name="model", value="{{tasks.build-config.outputs.parameters.model}}"),
+                     *_endpoint_args("rollout")]
         with DAG(name="release"):
             Task(name="build-config", template=build_config, when=f"{skip} == false")
             Task(name="check", template=check, depends="build-config.Succeeded")
@@ -292,7 +318,7 @@ def build_canary(image: str = STEP_IMAGE):
             p.value = image
         if p.name == "environment":
             p.value = "prod"    # the stable release users hit; on-regression defaults to alert
-    base = ["--base-url", BASE_URL]
+    base = ["--base-url", BASE_URL, "--api-key-env", API_KEY_ENV]
     target = ["--target", "kubernetes", "--overlay", OVERLAY, "--namespace", ENV_NS]
     verdict = "{{tasks.gate.outputs.parameters.verdict}}"
     regressed = f"'{verdict}' != 'promote'"
@@ -320,29 +346,36 @@ def build_canary(image: str = STEP_IMAGE):
         facts = _step("facts", ["workflows", "facts", OVERLAY, "--out", "/tmp/facts"], retry=True,
                       outputs=[Parameter(name="model", value_from=m.ValueFrom(path="/tmp/facts/model"))])
         compat = _step("compat", ["compat", *base, "--model", MODEL, "--json", "/tmp/compat.json"],
-                       checkout=False, retry=True, inputs=[Parameter(name="model")],
+                       checkout=False, retry=True, inputs=_validation_inputs(), api_key=True,
                        outputs=[Artifact(name="compat", path="/tmp/compat.json")])
         bench = _step("bench", ["bench", *base, "--model", MODEL, "--profile", P % "validation-profile",
                                 "--concurrency", "4", "--requests", "16", "--metrics-url", METRICS_URL,
                                 "--json", "/tmp/bench.json"],
-                      checkout=False, retry=True, inputs=[Parameter(name="model")], deadline=600,
-                      outputs=[Artifact(name="bench", path="/tmp/bench.json")])
+                      checkout=False, retry=True, inputs=_validation_inputs(), deadline=600,
+                      api_key=True, outputs=[Artifact(name="bench", path="/tmp/bench.json")])
         gate = _step("gate", [_gate_script()], command=["sh", "-c"],
                      inputs=[Artifact(name="compat", path="/tmp/in/compat.json"),
                              Artifact(name="bench", path="/tmp/in/bench.json")],
                      outputs=_gate_outputs("canary-"))
-        rollback = _step("rollback", ["rollback", *target, "--dry-run=" + P % "dry-run"])
+        # The stable release itself regressed: restore the good release before it.
+        rollback = _step("rollback", ["rollback", *target, "--to-previous", "--reason",
+                                      "pd-canary: stable release regressed", "--dry-run=" + P % "dry-run"])
         alert = _step("alert", ["echo \"pd-canary: stable release of $PDOPS_ENVIRONMENT regressed\" >&2; "
                                 "printf '%s\\n' \"$SUMMARY\" >&2; exit 1"],
                       command=["sh", "-c"], checkout=False,
                       inputs=[Parameter(name="summary")])
         alert.env = _env() + [m.EnvVar(name="SUMMARY", value="{{inputs.parameters.summary}}")]
 
-        model_arg = [Parameter(name="model", value="{{tasks.facts.outputs.parameters.model}}")]
+        stable_endpoint = _step("stable-endpoint", ["endpoint", "--slot", "stable", *target, "--out", "/tmp/endpoint"],
+                                retry=True, outputs=_endpoint_outputs())
+        model_arg = [Parameter(name="model", value="{{tasks.facts.outputs.parameters.model}}"),
+                     *_endpoint_args("stable-endpoint")]
         with DAG(name="canary"):
             Task(name="facts", template=facts)
-            Task(name="compat", template=compat, depends="facts.Succeeded", arguments=model_arg)
-            Task(name="bench", template=bench, depends="facts.Succeeded", arguments=model_arg)
+            Task(name="stable-endpoint", template=stable_endpoint)
+            ready = "facts.Succeeded && stable-endpoint.Succeeded"
+            Task(name="compat", template=compat, depends=ready, arguments=model_arg)
+            Task(name="bench", template=bench, depends=ready, arguments=model_arg)
             Task(name="gate", template=gate, depends="compat.Succeeded && bench.Succeeded",
                  arguments=[Artifact(name="compat", from_="{{tasks.compat.outputs.artifacts.compat}}"),
                             Artifact(name="bench", from_="{{tasks.bench.outputs.artifacts.bench}}")])

@@ -195,6 +195,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_endpoint(args: argparse.Namespace) -> int:
+    """Where validation reaches a slot; with --out, one file per value (Argo output parameters)."""
+    endpoint = open_target(args).endpoint(args.slot)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "base-url").write_text(endpoint.base_url, encoding="utf-8")
+        (out / "metrics-url").write_text(endpoint.metrics_url or "", encoding="utf-8")
+    _emit(args, endpoint.model_dump(), f"{args.slot}: {endpoint.base_url}  metrics: {endpoint.metrics_url or '-'}")
+    return 0
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     from workflows.targets.local import LocalTarget
 
@@ -250,6 +262,12 @@ def register(sub) -> None:
     p = sub.add_parser("status", help="what is stable, what is pending, the last good release and the history")
     target_flags(p)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("endpoint", help="(step) how validation reaches a slot: base URL and metrics URL")
+    target_flags(p)
+    p.add_argument("--slot", choices=("stable", "candidate"), default="candidate")
+    p.add_argument("--out", help="also write base-url and metrics-url files into this directory")
+    p.set_defaults(func=cmd_endpoint)
 
     p = sub.add_parser("down", help="stop the local stack pdops started (slots and history stay on disk)")
     p.set_defaults(func=cmd_down)

@@ -178,7 +178,7 @@ def test_retry_only_where_safe(release, canary):
             if name in tpl:
                 assert "retryStrategy" not in tpl[name], f"{wf['metadata']['name']}: {name} must not retry"
         assert "retryStrategy" not in wfspec(wf)
-    tpl = templates(release["spec"])
+    tpl = {**templates(wfspec(canary)), **templates(release["spec"])}
     for name in argo.RETRIED:
         rs = tpl[name]["retryStrategy"]
         assert rs["limit"] >= 1 and rs["backoff"]["duration"] and rs["backoff"]["factor"] >= 2, name
