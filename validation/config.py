@@ -48,6 +48,10 @@ class SLO(_Strict):
     min_goodput_rps: float | None = Field(None, ge=0.0)
     min_slo_attainment: float | None = Field(None, ge=0.0, le=1.0)
     kv_transfer: Literal["required", "ignored"] = "required"
+    # required: a run whose load generator was starved (event-loop lag, CPU) is void. ignored: for a
+    # machine where the harness must share its cores with the engines (overlays/local), whose
+    # figures are reports anyway; the starvation is still shown in every report.
+    client_health: Literal["required", "ignored"] = "required"
     vs_stable: VsStable | None = None
 
 

@@ -85,7 +85,10 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
     for i, b in enumerate(benches):
         lab = bench_label(b, i)
         ch = b.get("client_health") or {}
-        if ch.get("client_bottleneck"):
+        if ch.get("client_bottleneck") and slo.client_health == "ignored":
+            add("client_bottleneck", True, f"{lab}: client was starved (not gated: slo.client_health ignored): "
+                + "; ".join(ch.get("reasons", [])), lab)
+        elif ch.get("client_bottleneck"):
             add("client_bottleneck", False, f"{lab}: measurement void, client was the bottleneck: "
                 + "; ".join(ch.get("reasons", [])), lab)
         else:

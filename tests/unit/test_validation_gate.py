@@ -90,3 +90,17 @@ def test_vs_stable_ratio():
     # different load level: not compared
     other = decide(COMPAT_OK, [bench(ttft=(190, 200), c=64)], slo, stable)
     assert other["verdict"] == "promote"
+
+
+def test_client_health_can_be_reported_without_gating():
+    from validation.config import SLO
+    from validation.gate import decide
+
+    starved = {"profile": "balanced", "load": {"concurrency": 2}, "requests_ok": 4, "errors": 0,
+               "client_health": {"client_bottleneck": True, "reasons": ["event-loop lag p99 500 ms > 10 ms"]}}
+    compat = {"required_failures": [], "passed": 1}
+    gated = decide(compat, [starved], SLO(kv_transfer="ignored"))
+    reported = decide(compat, [starved], SLO(kv_transfer="ignored", client_health="ignored"))
+    assert gated["verdict"] == "rollback" and "measurement void" in " ".join(gated["reasons"])
+    assert reported["verdict"] == "promote"
+    assert any("client was starved" in c["message"] for c in reported["checks"])
