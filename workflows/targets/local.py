@@ -129,10 +129,12 @@ class LocalTarget:
             return []
         return [ReleaseRecord.model_validate(r) for r in raw]
 
-    def _record(self, record: ReleaseRecord) -> None:
+    def _write_history(self, entries: list[ReleaseRecord]) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        entries = appended(self.history(), record)
         _write_atomic(self.history_file, json.dumps([r.model_dump() for r in entries], indent=1))
+
+    def _record(self, record: ReleaseRecord) -> None:
+        self._write_history(appended(self.history(), record))
 
     @contextmanager
     def session(self) -> Iterator[None]:
@@ -291,7 +293,7 @@ class LocalTarget:
         if to_previous and slots.stable is not None:
             history = [r.model_copy(update={"verdict": "regressed", "reasons": reasons, "decided_at": time.time()})
                        if r.digest == slots.stable.digest and r.verdict == "promote" else r for r in history]
-            _write_atomic(self.history_file, json.dumps([r.model_dump() for r in history], indent=1))
+            self._write_history(history)
             done.append(f"marked {slots.stable.short()} regressed")
         good = last_good(history)
         stable = slots.stable
