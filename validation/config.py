@@ -5,9 +5,16 @@ The release spec (workflows/spec.py) embeds these models; `pdops gate`, `pdops b
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field
+
+# Bounds are sanity limits, not tuning advice: a typo such as 10**18 requests or an .inf
+# threshold is refused with the field's name instead of hanging a release or gating on nothing.
+Ms = Annotated[float, Field(gt=0, le=3_600_000, allow_inf_nan=False)]           # up to an hour
+Factor = Annotated[float, Field(gt=0, le=1_000, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
 class _Strict(BaseModel):
@@ -17,36 +24,36 @@ class _Strict(BaseModel):
 class PrefillSLO(_Strict):
     """Time to first token: queue + prefill + KV transfer + first decode step."""
 
-    ttft_p90_ms: PositiveFloat | None = None
-    ttft_p99_ms: PositiveFloat | None = None
+    ttft_p90_ms: Ms | None = None
+    ttft_p99_ms: Ms | None = None
 
 
 class DecodeSLO(_Strict):
     """Per-token latency after the first token: ITL pooled over chunks, TPOT per request."""
 
-    itl_p90_ms: PositiveFloat | None = None
-    itl_p99_ms: PositiveFloat | None = None
-    tpot_p90_ms: PositiveFloat | None = None
-    tpot_p99_ms: PositiveFloat | None = None
+    itl_p90_ms: Ms | None = None
+    itl_p99_ms: Ms | None = None
+    tpot_p90_ms: Ms | None = None
+    tpot_p99_ms: Ms | None = None
 
 
 class VsStable(_Strict):
     """Candidate metric must be at most this factor times the stable release's last report."""
 
-    ttft_p90: PositiveFloat | None = None
-    tpot_p90: PositiveFloat | None = None
-    itl_p90: PositiveFloat | None = None
+    ttft_p90: Factor | None = None
+    tpot_p90: Factor | None = None
+    itl_p90: Factor | None = None
 
 
 class SLO(_Strict):
     prefill: PrefillSLO = PrefillSLO()
     decode: DecodeSLO = DecodeSLO()
-    max_error_rate: float = Field(0.0, ge=0.0, le=1.0)
+    max_error_rate: Fraction = 0.0
     # Goodput (DistServe): requests/s that meet both goodput_ttft_ms and goodput_tpot_ms.
-    goodput_ttft_ms: PositiveFloat | None = None
-    goodput_tpot_ms: PositiveFloat | None = None
-    min_goodput_rps: float | None = Field(None, ge=0.0)
-    min_slo_attainment: float | None = Field(None, ge=0.0, le=1.0)
+    goodput_ttft_ms: Ms | None = None
+    goodput_tpot_ms: Ms | None = None
+    min_goodput_rps: Annotated[float, Field(ge=0, le=1_000_000, allow_inf_nan=False)] | None = None
+    min_slo_attainment: Fraction | None = None
     kv_transfer: Literal["required", "ignored"] = "required"
     # required: a run whose load generator was starved (event-loop lag, CPU) is void. ignored: for a
     # machine where the harness must share its cores with the engines (overlays/local), whose
@@ -58,23 +65,23 @@ class SLO(_Strict):
 class LoadProfile(_Strict):
     """One benchmark run of the release's validation: a named traffic profile at a load."""
 
-    profile: str = "balanced"
-    concurrency: PositiveInt | None = 4
-    rate: PositiveFloat | None = None
-    requests: PositiveInt | None = 32
-    duration_s: PositiveFloat | None = None
-    warmup_requests: int = Field(2, ge=0)
+    profile: Name = "balanced"
+    concurrency: Annotated[int, Field(gt=0, le=4096)] | None = 4
+    rate: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
+    requests: Annotated[int, Field(gt=0, le=1_000_000)] | None = 32
+    duration_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] | None = None
+    warmup_requests: int = Field(2, ge=0, le=10_000)
 
 
 class CompatPolicy(_Strict):
     """Which compatibility cases must pass; others are reported but do not block promotion."""
 
-    optional: list[str] = []
+    optional: list[Name] = Field([], max_length=64)
     api_key_required: bool = False
 
 
 class Validation(_Strict):
-    load: list[LoadProfile] = [LoadProfile()]
+    load: list[LoadProfile] = Field([LoadProfile()], min_length=1, max_length=16)
     compat: CompatPolicy = CompatPolicy()
-    golden_prompts: PositiveInt = 4
-    golden_max_tokens: PositiveInt = 16
+    golden_prompts: int = Field(4, gt=0, le=64)
+    golden_max_tokens: int = Field(16, gt=0, le=4096)

@@ -477,3 +477,17 @@ def test_gate_on_json_that_is_not_a_bench_report(tmp_path_factory, report):
                        "--release", str(ROOT / "overlays" / "local" / "release.yaml"))
     assert code in (1, 2), err
     assert code == 1 or err.startswith(f"error: {folder / 'bench.json'}: not reports"), err
+
+
+@pytest.mark.parametrize("slo_or_load, field", [
+    ("validation: {load: [{requests: 1000000000000000000}]}", "validation.load[0].requests"),
+    ("validation: {load: [{concurrency: 100000}]}", "validation.load[0].concurrency"),
+    ("validation: {load: [{profile: ../../etc/passwd}]}", "validation.load[0].profile"),
+    ("validation: {load: []}", "validation.load"),
+    ("validation: {golden_max_tokens: 1000000}", "validation.golden_max_tokens"),
+    ("slo: {decode: {itl_p99_ms: 1.0e+300}}", "slo.decode.itl_p99_ms"),
+    ("slo: {vs_stable: {ttft_p90: .nan}}", "slo.vs_stable.ttft_p90"),
+])
+def test_validation_values_beyond_sanity_limits(repo, slo_or_load, field):
+    """Limits keep a typo from hanging a release (10**18 requests) or gating on nothing (.nan)."""
+    assert_rejected(repo, "release.yaml", "name: pd-llm\nmodel: {id: m, source: s}\n" + slo_or_load + "\n", field, ("check",))
