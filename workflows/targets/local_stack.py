@@ -32,6 +32,7 @@ ENGINE_ENV = {
     # (misnamed) multi-node switch off, Ray keeps every node address on loopback.
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "VLLM_LOGGING_LEVEL": "INFO",  # the engines' logs are the evidence when a deploy fails
+    "PDOPS_NIXL_PROGRESS_THREAD": "0",  # see workflows/targets/vllm_plugin.py: it spins a core
 }
 HOST = "127.0.0.1"
 NICENESS = 10
