@@ -52,4 +52,7 @@ def test_bench_measures_real_vllm_and_joins_server_histograms(vllm_server):
     assert result["lengths"]["output_mismatches"] == 0  # ignore_eos: exactly the asked-for tokens, by usage
     server = result["server"]["histograms"]["time_to_first_token_seconds"]
     assert server["metric"] == "vllm:time_to_first_token_seconds" and server["count"] == 6
-    assert result["ttft_ms"]["p50"] > 0 and result["tpot_ms"]["p50"] > 0
+    # TPOT is 0 for a request whose tokens all came in its first chunk (vLLM coalesces when the
+    # client lags; seen in a CI run), so it is bounded, not required to be positive.
+    assert 0 < result["ttft_ms"]["p50"] <= result["e2e_ms"]["p50"]
+    assert 0 <= result["tpot_ms"]["p50"] <= result["e2e_ms"]["p50"]
