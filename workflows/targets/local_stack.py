@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workflows.errors import InputError
+from workflows.targets import vllm_plugin
 from workflows.targets.base import Progress, TargetError
 
 # Every Ray and vLLM process of the local stack: the CPU build, 1 GiB KV cache, no hub, no telemetry.
@@ -32,7 +33,7 @@ ENGINE_ENV = {
     # (misnamed) multi-node switch off, Ray keeps every node address on loopback.
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "VLLM_LOGGING_LEVEL": "INFO",  # the engines' logs are the evidence when a deploy fails
-    "PDOPS_NIXL_PROGRESS_THREAD": "0",  # see workflows/targets/vllm_plugin.py: it spins a core
+    vllm_plugin.SWITCH: "0",  # NIXL's progress thread spins a core per engine; see there
 }
 HOST = "127.0.0.1"
 NICENESS = 10
