@@ -18,7 +18,7 @@ test-e2e: setup
 
 # Faults injected into the real stack (engines killed, never ready, pipeline killed, races).
 test-faults: setup
-	.venv/bin/python -m pytest -q -m e2e tests/e2e/test_faults_local.py
+	.venv/bin/python -m pytest -q -rP -m e2e tests/e2e/test_faults_local.py
 
 bench-render: setup
 	.venv/bin/python -m workflows.bench_render

@@ -16,7 +16,8 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               goodput_tpot_ms: float | None = None, seed: int = 0, keep_samples: bool = True, workers: int = 1,
               metrics_select: dict[str, list[str]] | None = None,
               metrics_phases: dict[str, dict[str, list[str]]] | None = None,
-              progress: Callable[[str], None] | None = None, tokenizer: str | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, tokenizer: str | None = None,
+              timeout: float = 600.0) -> dict:
     """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths."""
     if requests is None and duration is None:
         raise ValueError("need requests or duration")
@@ -28,7 +29,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
                             endpoint=endpoint,
                             concurrency=concurrency, rate=rate, poisson=poisson, requests=requests,
                             duration=duration, warmup=warmup, api_key=api_key, seed=seed,
-                            progress=progress is not None)
+                            progress=progress is not None, timeout=timeout)
     scraper = server_metrics.Scraper(metrics_url, metrics_select, metrics_phases)
     if progress:
         progress(f"[bench] {profile.name}: {'c=' + str(concurrency) if concurrency else f'rate={rate}/s'} "

@@ -407,7 +407,7 @@ CASES: dict[str, Callable[[Ctx], Any]] = {
 
 async def run_suite(base_url: str, model: str, api_key: str | None = None, optional: list[str] = (),
                     api_key_required: bool = False, only: list[str] | None = None,
-                    progress: Callable[[str], None] | None = None) -> dict:
+                    progress: Callable[[str], None] | None = None, timeout: float = 60.0) -> dict:
     results = []
     cache: dict = {}
     clients: dict = {}
@@ -415,7 +415,7 @@ async def run_suite(base_url: str, model: str, api_key: str | None = None, optio
         if only and name not in only:
             continue
         ctx = Ctx(base_url=base_url, model=model, api_key=api_key, api_key_required=api_key_required,
-                  cache=cache, clients=clients)
+                  cache=cache, clients=clients, timeout=timeout)
         t = time.perf_counter()
         status, detail = "pass", ""
         try:

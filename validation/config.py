@@ -85,3 +85,6 @@ class Validation(_Strict):
     compat: CompatPolicy = CompatPolicy()
     golden_prompts: int = Field(4, gt=0, le=64)
     golden_max_tokens: int = Field(16, gt=0, le=4096)
+    # Longest wait for one validation request, first byte to last: a candidate that hangs
+    # mid-stream costs the release this long per request, then counts as an error.
+    request_timeout_s: Annotated[float, Field(gt=0, le=3_600, allow_inf_nan=False)] = 120.0

@@ -40,8 +40,16 @@ def complete(base_url: str, model: str, prompt: str, max_tokens: int, api_key: s
             "finish_reason": choice.get("finish_reason")}
 
 
-def collect(base_url: str, model: str, texts: list[str], max_tokens: int, api_key: str | None = None) -> list[dict]:
-    return [complete(base_url, model, t, max_tokens, api_key) for t in texts]
+def collect(base_url: str, model: str, texts: list[str], max_tokens: int, api_key: str | None = None,
+            timeout: float = 120.0) -> list[dict]:
+    """Answers in prompt order; a failed request is kept as {"error": ...} (a mismatch, not a crash)."""
+    out = []
+    for t in texts:
+        try:
+            out.append(complete(base_url, model, t, max_tokens, api_key, timeout))
+        except (OSError, ValueError, LookupError) as exc:  # HTTP errors, timeouts, resets, bad JSON
+            out.append({"error": f"{type(exc).__name__}: {exc}"[:300]})
+    return out
 
 
 def compare(reference: list[dict], candidate: list[dict]) -> dict[str, Any]:
@@ -49,6 +57,9 @@ def compare(reference: list[dict], candidate: list[dict]) -> dict[str, Any]:
     cases = []
     for i, (ref, cand) in enumerate(zip(reference, candidate)):
         r, c = ref.get("token_ids"), cand.get("token_ids")
+        if cand.get("error"):
+            cases.append({"prompt": i, "ok": False, "problem": f"candidate request failed: {cand['error']}"})
+            continue
         if r is None or c is None:
             cases.append({"prompt": i, "ok": False, "problem": "no token_ids in the "
                           + ("reference" if r is None else "candidate") + " answer (return_token_ids unsupported?)"})

@@ -82,7 +82,7 @@ def _api_key() -> str | None:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from workflows.steps import new_run_dir, release
+    from workflows.steps import RunFolderError, new_run_dir, release
 
     say = _progress(time.monotonic())
     overlay = Path(args.overlay)
@@ -94,9 +94,9 @@ def cmd_release(args: argparse.Namespace) -> int:
     try:
         out = release(overlay, target, run, say, revision=args.revision, ready_timeout_s=args.timeout,
                       api_key=_api_key())
-    except TargetError as exc:
-        say(f"[release] failed: {exc.render()}")
-        print(f"FAILED: {exc.problem}\nrun folder: {run}")
+    except (TargetError, RunFolderError) as exc:  # before apply (nothing deployed) or in the target
+        say(f"[release] failed: {exc}")
+        print(f"FAILED: {str(exc).splitlines()[0]}\nrun folder: {run}")
         return 1
     verdict = out["verdict"]
     lines = [f"{verdict.upper()}: {out.get('release', overlay)} in {out['seconds']:.0f}s"]

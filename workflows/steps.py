@@ -101,9 +101,9 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     from validation.bench import run_bench
 
     progress(f"[validate] compatibility suite against {endpoint.base_url}")
-    policy = spec.validation.compat
+    policy, timeout = spec.validation.compat, spec.validation.request_timeout_s
     compat = compat_suite.run(endpoint.base_url, spec.model.id, api_key=api_key, optional=policy.optional,
-                              api_key_required=policy.api_key_required, progress=progress)
+                              api_key_required=policy.api_key_required, progress=progress, timeout=timeout)
     _dump(run / "compat.json", compat)
     benches = []
     for i, load in enumerate(spec.validation.load):
@@ -114,14 +114,14 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           metrics_select=endpoint.metrics_labels or None,
                           metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
-                          progress=progress)
+                          progress=progress, timeout=timeout)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
     matched = None
     if reference is not None:
         progress(f"[validate] golden tokens: {len(reference)} prompts against the single-engine reference")
         answers = golden.collect(endpoint.base_url, spec.model.id, golden.prompts(len(reference)),
-                                 spec.validation.golden_max_tokens, api_key)
+                                 spec.validation.golden_max_tokens, api_key, timeout)
         matched = golden.compare(reference, answers)
         _dump(run / "golden.json", matched)
     stable = None
@@ -131,12 +131,29 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         except (OSError, ValueError):
             progress(f"[validate] the stable release's report is unreadable ({stable_report}); no vs-stable check")
     decision = gate.decide(compat, benches, spec.slo, stable, matched)
-    files = report.write(run, decision, compat, benches)
+    try:
+        files = report.write(run, decision, compat, benches)
+    except OSError as exc:
+        raise RunFolderError(run, exc) from exc
     return {"decision": decision, "report": files, "golden": matched}
 
 
+class RunFolderError(Exception):
+    """The run folder stopped taking writes mid-release (disk full, removed, read-only mount)."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        super().__init__(f"cannot write {path}: {exc.strerror or exc}")
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise RunFolderError(path, exc) from exc
+
+
 def _dump(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    _write(path, json.dumps(data, indent=2, default=str))
 
 
 def release(overlay: Path, target: Target, run: Path, progress: Progress, *, revision: str | None = None,
@@ -153,7 +170,10 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
 
     def finish(verdict: str, reasons: list[str], **extra: Any) -> dict:
         outcome.update(verdict=verdict, reasons=reasons, seconds=round(time.monotonic() - started, 1), **extra)
-        _dump(run / "release.json", outcome)
+        try:
+            _dump(run / "release.json", outcome)
+        except RunFolderError as exc:  # the verdict stands: it is printed and in the target's history
+            progress(f"[release] {exc}; the outcome is printed only")
         return outcome
 
     from workflows.manifest import dump_yaml
@@ -161,13 +181,13 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
     progress("[1/5 build-config] release spec -> Ray Serve LLM config (validated by Ray's own models) -> "
              "kustomize render")
     rendered = load_release(str(overlay), None)
-    (run / "serve-config.yaml").write_text(dump_yaml(rendered.serve_config), encoding="utf-8")
+    _write(run / "serve-config.yaml", dump_yaml(rendered.serve_config))
     progress("[2/5 check] cross-layer rules and pinned schemas, before anything is applied")
     findings = check_rendered(rendered, schema_dir or schema_dir_from_env())
     _dump(run / "check.json", [f.to_dict() for f in findings])
     if blocking(findings):
         return finish("blocked", [f.render() for f in blocking(findings)])
-    (run / "manifest.yaml").write_text(rendered.text(), encoding="utf-8")
+    _write(run / "manifest.yaml", rendered.text())
     spec = rendered.spec
     assert spec is not None
     record = record_of(rendered, revision or revision_of(overlay))
@@ -204,8 +224,9 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
             last_good = target.status().last_good
             result = validate_candidate(endpoint, spec, run, progress, reference,
                                         last_good.report if last_good else None, api_key)
-        except TargetError as exc:
-            reasons = [f"candidate failed on the target: {exc.problem}", *exc.details]
+        except (TargetError, RunFolderError) as exc:
+            reasons = ([f"candidate failed on the target: {exc.problem}", *exc.details]
+                       if isinstance(exc, TargetError) else [f"validation could not record its results: {exc}"])
             progress("[5/5 rollback] " + reasons[0])
             undo = target.rollback(reasons, str(run), progress)
             return finish("failed", reasons, action=undo)

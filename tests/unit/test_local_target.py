@@ -6,7 +6,9 @@ writing real state files. The real Ray path is exercised by tests/e2e (marked e2
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -199,3 +201,23 @@ def test_second_session_is_refused_while_one_runs(target, tmp_path):
                 pass
     with other.session():       # released again afterwards
         pass
+
+
+def test_full_disk_under_pdops_home_keeps_the_last_good_release(target, monkeypatch):
+    """Emulated: fsync of the state files fails with ENOSPC, as on a full filesystem."""
+    promoted(target, 1)
+    target.apply(record(2), say)
+    before = {f.name: f.read_bytes() for f in target.home.glob("*.json")}
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("workflows.targets.local.os.fsync", full)
+    with pytest.raises(TargetError, match="cannot write the local target's state .*No space left on device"):
+        target.rollback(["ttft p90 too high"], "runs/2", say)
+    assert {f.name: f.read_bytes() for f in target.home.glob("*.json")} == before
+    assert not list(target.home.glob("*.tmp"))
+    monkeypatch.undo()
+    monkeypatch.setattr("workflows.targets.local.resolve_source", lambda s: "/models/tiny")
+    assert "dropped candidate" in target.rollback(["disk freed"], None, say)   # the next run undoes it
+    assert last_good(target.history()).revision == "rev1"

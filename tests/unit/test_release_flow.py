@@ -7,14 +7,18 @@ way out after apply ends in rollback. tests/e2e runs the same flow on the real l
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.fakes.fault_proxy import FaultProxy
 from tests.fakes.known_timing_server import KnownTimingServer
 from workflows import steps
 from workflows.errors import InputError
@@ -168,3 +172,46 @@ def test_unwritable_run_folder_is_bad_input(tmp_path):
     (tmp_path / "runs").write_text("a file where the folder should be")
     with pytest.raises(InputError, match="cannot write the run folder"):
         steps.new_run_dir(tmp_path / "runs", "local")
+
+
+# -- faults injected between validation and the candidate (tests/fakes/fault_proxy.py) ----------------
+
+def test_candidate_answering_5xx_rolls_back_and_the_report_counts_the_errors(server, overlay, tmp_path):
+    with FaultProxy(server.base_url, fail_every=3) as proxy:
+        target = RecordingTarget(Endpoint(base_url=proxy.base_url))
+        out, folder = run(overlay, target, tmp_path)
+    assert proxy.injected["5xx"] > 0
+    assert out["verdict"] == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
+    bench = json.loads(next(folder.glob("bench-0-*.json")).read_text())
+    assert bench["errors"] > 0 and any("error rate" in r for r in out["reasons"])
+    assert json.loads((folder / "release.json").read_text())["verdict"] == "rollback"
+
+
+def test_candidate_hanging_mid_stream_is_cut_off_by_the_request_timeout(server, overlay, tmp_path):
+    edit(overlay, validation__request_timeout_s=2)
+    with FaultProxy(server.base_url, hang_every=2, hang_after_chunks=2) as proxy:
+        target = RecordingTarget(Endpoint(base_url=proxy.base_url))
+        out, folder = run(overlay, target, tmp_path)
+    assert proxy.injected["hang"] > 0
+    assert out["verdict"] == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
+    bench = json.loads(next(folder.glob("bench-0-*.json")).read_text())
+    assert bench["errors"] > 0
+
+
+def test_run_folder_filling_up_during_validation_rolls_back_and_reports(server, overlay, tmp_path, monkeypatch):
+    """Emulated: every write under the run folder fails with ENOSPC once the candidate is applied
+    (tests/e2e fills a real tmpfs instead)."""
+    write_text = Path.write_text
+    target = RecordingTarget(endpoint(server))
+
+    def full_after_apply(self, *args, **kwargs):
+        if "apply" in target.calls and "runs" in self.parts:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_after_apply)
+    out, folder = run(overlay, target, tmp_path)
+    assert out["verdict"] == "failed" and target.calls == ["apply", "wait_ready", "rollback"]
+    assert out["reasons"] == [f"validation could not record its results: cannot write {folder / 'compat.json'}: "
+                              "No space left on device"]
+    assert not (folder / "release.json").exists() and (folder / "manifest.yaml").exists()

@@ -50,12 +50,19 @@ def pdops_home() -> Path:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """All or nothing: on a full disk the old file stays as it was (the last good release with it)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TargetError(f"cannot write the local target's state {path}: {exc.strerror or exc}",
+                          [f"{path.name} is unchanged; free space, then `pdops rollback --if-candidate-pending` "
+                           "undoes a half-done candidate"]) from exc
 
 
 def worker_resources(manifest: str) -> dict[str, int]:
