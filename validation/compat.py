@@ -445,8 +445,10 @@ async def run_suite(base_url: str, model: str, api_key: str | None = None, optio
 
 
 def run(base_url: str, model: str, **kw) -> dict:
-    # Ray's import puts the root logger at INFO; the SDK's per-request lines are not our evidence.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Ray Serve LLM sets the root logger to INFO; one line per request from the SDK's HTTP client
+    # (httpx2 in openai 2.x, httpx before) would bury the progress lines (seen: thousands per release).
+    for noisy in ("httpx2", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     return asyncio.run(run_suite(base_url, model, **kw))
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -155,10 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # Ray Serve LLM's config models import vLLM, whose import-time notices would bury our output.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    # Ray's import puts INFO on the root logger; one httpx line per validation request would bury
-    # the progress lines (seen: thousands in one release).
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -13,9 +13,10 @@ def _run(**kw):
     api_key = kw.pop("client_key", None)
     required = kw.pop("api_key_required", False)
     optional = kw.pop("optional", [])
+    only = kw.pop("only", None)
     with KnownTimingServer(**FAST, **kw) as s:
         return compat.run(s.base_url, "fake-model", api_key=api_key, api_key_required=required,
-                          optional=optional)
+                          optional=optional, only=only)
 
 
 def test_good_server_passes_everything():
@@ -62,3 +63,14 @@ def test_table_lists_every_case():
     t = compat.table(r)
     for name in compat.CASES:
         assert name in t
+
+
+def test_no_log_line_per_request_when_the_root_logger_is_at_info(caplog):
+    """Ray Serve LLM's import sets the root logger to INFO (measured); the SDK's HTTP client then
+    logged one line per request and buried the release's progress output."""
+    import logging
+
+    logging.getLogger().setLevel(logging.INFO)
+    with caplog.at_level(logging.INFO):
+        _run(only=["chat_nonstream_shape", "completions_stream_shape"])
+    assert [r.getMessage() for r in caplog.records if "HTTP Request" in r.getMessage()] == []
