@@ -52,13 +52,19 @@ KUBERAY_AGENT = "fake-kuberay"
 
 
 class _Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus dryRun=All and forbidden resources (403), as an API server answers them."""
+    """kmock's emulator plus dryRun=All, forbidden resources (403) and injected server errors (500 to
+    the next N writes of a resource), as an API server answers them."""
 
     forbidden: set[str] = set()
+    failing: dict[str, int] = {}
 
     async def _handle(self, request):  # type: ignore[override]
         if request.resource is not None and request.resource.plural in self.forbidden:
             return await self._render_error(kmock.KubernetesError(403, "Forbidden", f"{request.resource.plural} is forbidden"))
+        plural = request.resource.plural if request.resource is not None else None
+        if self.failing.get(plural) and request.method in WRITES:
+            self.failing[plural] -= 1
+            return await self._render_error(kmock.KubernetesError(500, "InternalError", "etcdserver: request timed out"))
         if request.params.get("dryRun") == "All" and request.action in (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE):
             return aiohttp.web.json_response(request.data or {})
         return await super()._handle(request)
@@ -74,7 +80,7 @@ class Cluster:
             self._stop = asyncio.Event()
             async with _Emulator() as emulator, kmock.Server(emulator) as server:
                 self.emulator, self.url, self.loop = emulator, str(server.url).rstrip("/"), asyncio.get_running_loop()
-                self.emulator.forbidden = set()
+                self.emulator.forbidden, self.emulator.failing = set(), {}
                 started.set()
                 await self._stop.wait()
 
@@ -558,3 +564,24 @@ def test_leftovers_of_a_run_that_died_after_promote_are_removed(cluster, kuberay
     assert any("removing leftover RayService pd-llm-blue" in line for line in progress)
     assert cluster.objects("rayservices")["pd-llm-blue"]["metadata"]["annotations"]["test/variant"] == "c"
     assert cluster.objects("services")["pd-llm"]["spec"]["selector"]["pdops.dev/colour"] == "green"
+
+
+def test_api_server_error_during_the_service_switch_keeps_users_on_the_old_stable(cluster, kuberay, manifests):
+    """Emulated: the API server answers 500 to the promote's Service write (an etcd timeout)."""
+    target, a, b = _target(cluster), _record(manifests, variant="a"), _record(manifests, variant="b")
+    _release(target, a)
+    target.apply(b, Lines())
+    target.wait_ready(30, Lines())
+    cluster.emulator.failing = {"services": 1}
+    with pytest.raises(TargetError, match="refused to apply Service/pd-llm in pdops-local: 500"):
+        target.promote(["gate: promote"], "reports/b.md", Lines())
+    assert cluster.objects("services")["pd-llm"]["spec"]["selector"]["pdops.dev/colour"] == "blue"  # users on a
+    assert set(cluster.objects("rayservices")) == {"pd-llm-blue", "pd-llm-green"}                 # nothing removed
+    stable = _target(cluster).status().stable
+    assert stable.release.digest == b.digest and stable.state == "failed" and "selects blue" in stable.detail
+
+    _target(cluster).rollback(["finish the switch"], None, Lines())              # what the next run does
+    assert cluster.objects("services")["pd-llm"]["spec"]["selector"]["pdops.dev/colour"] == "green"
+    assert set(cluster.objects("rayservices")) == {"pd-llm-green"}
+    assert [(r["revision"][0], r["verdict"]) for r in _history(cluster)] == [("a", "promote"), ("b", "promote")]
+    assert _target(cluster).status().stable.state == "ready"
