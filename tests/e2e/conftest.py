@@ -23,6 +23,7 @@ from tests.conftest import ROOT
 
 PORT = 9400          # the stack's port base: stable at http://127.0.0.1:9400/v1
 STABLE = f"http://127.0.0.1:{PORT}/v1"
+CANDIDATE = f"http://127.0.0.1:{PORT}/candidate/v1"
 DASHBOARD = f"http://127.0.0.1:{PORT + 3}"
 
 
@@ -92,14 +93,21 @@ class LiveTraffic:
 
 
 def changed_overlay(tmp_path: Path, max_num_seqs: int, **spec_changes) -> Path:
-    """overlays/local with another decode engine setting (a new manifest, so a new candidate)."""
+    """overlays/local with another decode engine setting (a new manifest, so a new candidate).
+
+    `spec_changes`: release.yaml fields to set, nested with `__` (validation__request_timeout_s=10)."""
     shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
     shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")
     path = tmp_path / "overlays" / "local"
     spec = yaml.safe_load((path / "release.yaml").read_text())
     spec["decode"]["engine_kwargs"] = {"max_num_seqs": max_num_seqs}
     spec["validation"]["load"] = [{"profile": "balanced", "concurrency": 2, "requests": 6, "warmup_requests": 1}]
-    spec.update(spec_changes)
+    for dotted, value in spec_changes.items():
+        *parents, last = dotted.split("__")
+        node = spec
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
     (path / "release.yaml").write_text(yaml.safe_dump(spec))
     return path
 

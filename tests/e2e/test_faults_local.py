@@ -7,6 +7,7 @@ Each test prints its figures (stable availability, time to restore) for the READ
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.conftest import LiveTraffic, changed_overlay, pdops, serve_apps, status, wait_candidate_running
+from tests.e2e.conftest import CANDIDATE, LiveTraffic, changed_overlay, pdops, serve_apps, status, wait_candidate_running
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +55,10 @@ def test_candidate_never_ready_times_out_and_is_removed(stack, stable_digest, tm
 
 
 def test_release_killed_after_rollout_is_undone_and_a_second_release_is_refused(stack, stable_digest, tmp_path):
-    overlay = changed_overlay(tmp_path, 48)
+    # A long benchmark keeps the release validating (about 40 s of compat, then minutes of load)
+    # while a second release is started and refused; only then is the pipeline killed.
+    overlay = changed_overlay(tmp_path, 48, validation__load=[{"profile": "balanced", "concurrency": 2,
+                                                               "requests": 400, "warmup_requests": 1}])
     log = open(tmp_path / "release.log", "w")
     with LiveTraffic() as users:
         release = subprocess.Popen([sys.executable, "-m", "workflows.cli", "release", "--overlay", str(overlay)],
@@ -63,6 +67,7 @@ def test_release_killed_after_rollout_is_undone_and_a_second_release_is_refused(
             wait_candidate_running()
             second = pdops(stack, "release", "--overlay", str(changed_overlay(tmp_path / "b", 56)))
             assert second.returncode == 1 and "another release is running" in second.stderr
+            assert release.poll() is None, "the release ended before it could be killed"
             os.kill(release.pid, signal.SIGKILL)      # the pipeline dies between rollout and promote
             release.wait(timeout=30)
         finally:
@@ -92,10 +97,88 @@ def test_engine_killed_during_validation_rolls_back(stack, stable_digest, tmp_pa
         replica = next(r for name, d in app["deployments"].items() if name.startswith(phase + ":")
                        for r in d["replicas"])
         os.kill(replica["pid"], signal.SIGKILL)        # a process of the stack this test started
+        killed = time.monotonic()
         out, _ = release.communicate(timeout=2400)
-    print(f"fault {phase.lower()}-killed: stable {users}")
+        took = time.monotonic() - killed
+    print(f"fault {phase.lower()}-killed: verdict {took:.0f}s after the kill, stable {users}")
     assert release.returncode == 1, out
     verdict = json.loads(out)
     assert verdict["verdict"] in ("rollback", "failed") and verdict["reasons"]
     assert users.ok == users.sent > 0
     assert_stable_kept(stack, stable_digest)
+
+
+def test_candidate_answering_5xx_and_hanging_mid_stream_rolls_back(stack, stable_digest, tmp_path, monkeypatch):
+    """The real release flow, target and candidate; between validation and the candidate sits
+    tests/fakes/fault_proxy.py, which answers every 4th completion 503 and stalls every 3rd stream
+    after its first chunks. Run in this process so the target can hand validation the proxy's URL."""
+    from tests.fakes.fault_proxy import FaultProxy
+    from workflows import steps
+    from workflows.targets.local import LocalTarget
+
+    for name in ("PDOPS_HOME", "PDOPS_LOCAL_PORT"):
+        monkeypatch.setenv(name, stack[name])
+    overlay = changed_overlay(tmp_path, 80, validation__request_timeout_s=10)
+    target = LocalTarget()
+    ready = target.wait_ready
+    with FaultProxy(CANDIDATE, fail_every=4, hang_every=3, hang_after_chunks=3) as proxy, LiveTraffic() as users:
+        monkeypatch.setattr(target, "wait_ready",
+                            lambda *a: ready(*a).model_copy(update={"base_url": proxy.base_url}))
+        started = time.monotonic()
+        out = steps.release(overlay, target, steps.new_run_dir(tmp_path / "runs", "local"), print,
+                            revision="fault-proxy")
+        took = time.monotonic() - started
+    print(f"fault 5xx+hang: {proxy.injected} injected, verdict {out['verdict']} in {took:.0f}s, stable {users}")
+    assert proxy.injected["5xx"] > 0 and proxy.injected["hang"] > 0
+    assert out["verdict"] == "rollback" and any("error rate" in r for r in out["reasons"]), out["reasons"]
+    assert users.ok == users.sent > 0
+    st = assert_stable_kept(stack, stable_digest)
+    assert st["history"][-1]["verdict"] == "rollback" and st["history"][-1]["revision"] == "fault-proxy"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 2 MiB tmpfs, filled on demand: writes then fail with ENOSPC as on a full disk."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}): needs root with CAP_SYS_ADMIN")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(folder) -> None:
+    with open(folder / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+
+
+def test_run_folder_filling_up_during_validation_rolls_back(stack, stable_digest, tmp_path, small_disk):
+    overlay = changed_overlay(tmp_path, 88)
+    with LiveTraffic() as users:
+        release = subprocess.Popen([sys.executable, "-m", "workflows.cli", "release", "--overlay", str(overlay),
+                                    "--runs", str(small_disk), "--json"], env=stack, cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=open(tmp_path / "release.log", "w"), text=True)
+        try:
+            wait_candidate_running()
+            fill(small_disk)                       # the disk is full before validation writes a report
+            started = time.monotonic()
+            out, _ = release.communicate(timeout=2400)
+            took = time.monotonic() - started
+        finally:
+            if release.poll() is None:
+                release.kill()
+    print(f"fault disk-full: verdict in {took:.0f}s after the disk filled, stable {users}")
+    assert release.returncode == 1, out
+    verdict = json.loads(out)
+    assert verdict["verdict"] == "failed"
+    assert "No space left on device" in verdict["reasons"][0] and "could not record" in verdict["reasons"][0]
+    assert users.ok == users.sent > 0
+    st = assert_stable_kept(stack, stable_digest)
+    assert st["history"][-1]["verdict"] == "rollback"
