@@ -17,8 +17,9 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               metrics_select: dict[str, list[str]] | None = None,
               metrics_phases: dict[str, dict[str, list[str]]] | None = None,
               progress: Callable[[str], None] | None = None, tokenizer: str | None = None,
-              timeout: float = 600.0) -> dict:
-    """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths."""
+              timeout: float = 600.0, metrics_lag_s: float = 0.0) -> dict:
+    """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths.
+    `metrics_lag_s`: how stale `metrics_url` can be (server_metrics.RAY_METRICS_LAG_S for Ray)."""
     if requests is None and duration is None:
         raise ValueError("need requests or duration")
     if (concurrency is None) == (rate is None):
@@ -30,7 +31,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
                             concurrency=concurrency, rate=rate, poisson=poisson, requests=requests,
                             duration=duration, warmup=warmup, api_key=api_key, seed=seed,
                             progress=progress is not None, timeout=timeout)
-    scraper = server_metrics.Scraper(metrics_url, metrics_select, metrics_phases)
+    scraper = server_metrics.Scraper(metrics_url, metrics_select, metrics_phases, metrics_lag_s)
     if progress:
         progress(f"[bench] {profile.name}: {'c=' + str(concurrency) if concurrency else f'rate={rate}/s'} "
                  f"requests={requests} duration={duration} warmup={warmup}")
@@ -38,6 +39,8 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
     if warmup:  # before the first scrape, so the server's histograms hold the measured requests only
         loadgen.run(dataclasses.replace(spec, concurrency=1, rate=None, requests=0, duration=None))
         spec = dataclasses.replace(spec, warmup=0)
+    if progress and metrics_url and metrics_lag_s:
+        progress(f"[bench] waiting {metrics_lag_s:.0f}s for the server's metrics to catch up before the window opens")
     scraper.before()
     # A process that imported Ray/vLLM (as `pdops release` has) holds ~700k objects; one full
     # collection then stalls the event loop ~0.5 s (measured), which the harness would report as
@@ -48,8 +51,8 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
         res = loadgen.run_workers(spec, workers) if workers > 1 else loadgen.run(spec)
     finally:
         gc.unfreeze()
-    server = scraper.after()
     m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms, open_loop=bool(rate))
+    server = scraper.after(m["requests_ok"])
     out = {
         "kind": "bench", "base_url": base_url, "model": model, "profile": profile.name,
         "profile_spec": {"prompt_tokens": profile.prompt_tokens, "output_tokens": profile.output_tokens,

@@ -48,6 +48,7 @@ def _number(kind, low: float, low_ok: bool):
 
 
 _positive_int, _count, _positive = _number(int, 0, False), _number(int, 0, True), _number(float, 0, False)
+_nonnegative = _number(float, 0, True)
 
 
 def _output_file(text: str) -> str:
@@ -108,7 +109,8 @@ def cmd_bench(args) -> int:
                     poisson=args.poisson, requests=args.requests, duration=args.duration, warmup=args.warmup,
                     metrics_url=args.metrics_url, api_key=api_key, endpoint=args.endpoint,
                     goodput_ttft_ms=args.goodput_ttft_ms, goodput_tpot_ms=args.goodput_tpot_ms,
-                    seed=args.seed, workers=args.workers, progress=_err, tokenizer=args.tokenizer)
+                    seed=args.seed, workers=args.workers, progress=_err, tokenizer=args.tokenizer,
+                    metrics_lag_s=args.metrics_lag_s)
     print(f"profile {res['profile']}  load {res['load']['mode']} "
           f"{'c=' + str(args.concurrency) if args.concurrency else f'rate={args.rate}/s'}  "
           f"ok {res['requests_ok']}  errors {res['errors']}  wall {res['wall_s']:.1f}s")
@@ -232,6 +234,9 @@ def register(sub) -> None:
     p.add_argument("--duration", type=_positive, help="seconds")
     p.add_argument("--warmup", type=_count, default=0)
     p.add_argument("--metrics-url", type=_http_url, help="Prometheus endpoint to scrape before/after")
+    p.add_argument("--metrics-lag-s", type=_nonnegative, default=0.0,
+                   help="how stale --metrics-url can be: waited out before the first scrape, and the last "
+                        "scrape is retried until every request shows (Ray exports every 10 s: use 10)")
     p.add_argument("--api-key-env")
     p.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     p.add_argument("--goodput-ttft-ms", type=_positive)

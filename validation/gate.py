@@ -130,7 +130,11 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                     + (f" ({err})" if err else " (run bench with --metrics-url)"), lab)
             else:
                 toks = kv.get("external_kv_prompt_tokens") or 0
-                add("kv_transfer", toks > 0, f"{lab}: {toks:.0f} prompt tokens arrived by KV transfer", lab, toks, ">0")
+                seen, ok = _get(b, "server", "requests_seen"), _get(b, "server", "requests_ok")
+                partial = (f" (the server's metrics show {seen:.0f} of {ok} requests: an engine restarted or its "
+                           "metrics are late)" if seen is not None and ok is not None and seen < ok else "")
+                add("kv_transfer", toks > 0, f"{lab}: {toks:.0f} prompt tokens arrived by KV transfer"
+                    + ("" if toks > 0 else partial), lab, toks, ">0")
                 nf = kv.get("nixl_failed_transfers") or 0
                 add("nixl_failures", nf == 0, f"{lab}: {nf:.0f} failed NIXL transfers", lab, nf, 0)
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from validation.server_metrics import RAY_METRICS_LAG_S
+
 STEP_IMAGE = "ghcr.io/pdops/pdops-step:0.1.0"
 REPO_URL = "https://github.com/pdops/pdops.git"
 WORKFLOW_NAMESPACE = "pdops"
@@ -42,6 +44,7 @@ ENV_NS = "llm-" + P % "environment"   # overlays/<env> use namespace llm-<env> (
 # URLs `pdops endpoint` reports: the colour's own serve and head Services, never the stable route.
 BASE_URL = "{{inputs.parameters.base-url}}"
 METRICS_URL = "{{inputs.parameters.metrics-url}}"
+METRICS_LAG = ("--metrics-lag-s", f"{RAY_METRICS_LAG_S:g}")   # the RayService's metrics are up to 10 s old
 MODEL = "{{inputs.parameters.model}}"   # from the facts step (model.id of overlays/<env>/release.yaml)
 
 # `pdops workflows gate-outputs` writes one file per value under the gate's --out directory
@@ -267,7 +270,7 @@ def build_release(image: str = STEP_IMAGE):
                        outputs=[Artifact(name="compat", path="/tmp/compat.json")])
         bench = _step("bench", ["bench", *base, "--model", MODEL, "--profile", P % "validation-profile",
                                 "--concurrency", "8", "--requests", "128", "--warmup", "4",
-                                "--metrics-url", METRICS_URL, "--json", "/tmp/bench.json"],
+                                "--metrics-url", METRICS_URL, *METRICS_LAG, "--json", "/tmp/bench.json"],
                       checkout=False, retry=True, cpu="1", memory="1Gi", inputs=_validation_inputs(),
                       api_key=True, outputs=[Artifact(name="bench", path="/tmp/bench.json")])
         gate = _step("gate", [_gate_script()], command=["sh", "-c"],
@@ -350,7 +353,7 @@ def build_canary(image: str = STEP_IMAGE):
                        outputs=[Artifact(name="compat", path="/tmp/compat.json")])
         bench = _step("bench", ["bench", *base, "--model", MODEL, "--profile", P % "validation-profile",
                                 "--concurrency", "4", "--requests", "16", "--metrics-url", METRICS_URL,
-                                "--json", "/tmp/bench.json"],
+                                *METRICS_LAG, "--json", "/tmp/bench.json"],
                       checkout=False, retry=True, inputs=_validation_inputs(), deadline=600,
                       api_key=True, outputs=[Artifact(name="bench", path="/tmp/bench.json")])
         gate = _step("gate", [_gate_script()], command=["sh", "-c"],

@@ -104,3 +104,11 @@ def test_client_health_can_be_reported_without_gating():
     assert gated["verdict"] == "rollback" and "measurement void" in " ".join(gated["reasons"])
     assert reported["verdict"] == "promote"
     assert any("client was starved" in c["message"] for c in reported["checks"])
+
+
+def test_no_kv_seen_because_the_metrics_missed_requests_says_so():
+    partial = bench(kv=0)
+    partial["server"].update(requests_seen=0, requests_ok=32)
+    d = decide(COMPAT_OK, [partial], SLO_, None)
+    assert failed(d) == {"kv_transfer"} and "metrics show 0 of 32 requests" in d["reasons"][0]
+    assert "of 32 requests" not in " ".join(decide(COMPAT_OK, [bench(kv=0)], SLO_, None)["reasons"])

@@ -111,3 +111,33 @@ def test_selection_and_phases_split_one_endpoint_shared_by_several_engines():
     assert res["kv"]["external_kv_prompt_tokens"] == 0                         # its KV too
     assert res["phases"]["prefill"]["time_to_first_token_seconds"]["count"] == 3
     assert res["phases"]["decode"]["time_to_first_token_seconds"]["count"] == 4
+
+
+def ttft_count(n: int) -> str:
+    return f'ray_vllm_time_to_first_token_seconds_count{{ReplicaId="d1"}} {n}\n'
+
+
+def test_scraper_waits_out_the_export_lag_and_retries_until_every_request_shows(monkeypatch):
+    """Ray exports a worker's metrics every 10 s (measured 10.4 s): a scrape right after a short run
+    still shows the values from before it."""
+    exported = iter([ttft_count(3), ttft_count(3), ttft_count(3), ttft_count(9)])
+    slept: list[float] = []
+    monkeypatch.setattr(sm, "scrape", lambda url: next(exported))
+    monkeypatch.setattr(sm.time, "sleep", slept.append)
+    sc = sm.Scraper("http://127.0.0.1:9/metrics", lag_s=10)
+    sc.before()
+    assert slept == [10]                                   # compat/warmup requests exported first
+    res = sc.after(requests_ok=6)
+    assert res["histograms"]["time_to_first_token_seconds"]["count"] == 6
+    assert (res["requests_seen"], res["requests_ok"]) == (6, 6) and slept == [10, 1.0, 1.0]
+
+
+def test_scraper_gives_up_after_three_lags_and_says_how_much_it_saw(monkeypatch):
+    clock = iter(range(0, 1000, 5))
+    monkeypatch.setattr(sm, "scrape", lambda url: ttft_count(3))
+    monkeypatch.setattr(sm.time, "sleep", lambda s: None)
+    monkeypatch.setattr(sm.time, "monotonic", lambda: next(clock))
+    sc = sm.Scraper("http://127.0.0.1:9/metrics", lag_s=10)
+    sc.before()
+    res = sc.after(requests_ok=6)
+    assert (res["requests_seen"], res["requests_ok"]) == (0, 6)

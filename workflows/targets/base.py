@@ -39,6 +39,7 @@ class Endpoint(BaseModel):
     metrics_labels: dict[str, list[str]] = {}   # label -> accepted values (any of them)
     # Per phase ("prefill", "decode"): the label selection of that phase's engines, where known.
     metrics_phases: dict[str, dict[str, list[str]]] = {}
+    metrics_lag_s: float = 0.0       # how stale metrics_url can be (Ray exports every 10 s)
 
 
 class ReleaseRecord(BaseModel):

@@ -49,6 +49,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.targets.base import (
     Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, appended, last_good, other_colour,
 )
@@ -521,10 +522,11 @@ class KubernetesTarget:
         if slot == "stable":
             service = _only(_objects(record), "Service")
             port = (service["spec"].get("ports") or [{"port": 8000}])[0]["port"]
-            return Endpoint(base_url=f"http://{service['metadata']['name']}.{ns}.svc.cluster.local:{port}/v1", metrics_url=metrics)
+            return Endpoint(base_url=f"http://{service['metadata']['name']}.{ns}.svc.cluster.local:{port}/v1",
+                            metrics_url=metrics, metrics_lag_s=RAY_METRICS_LAG_S)
         # KubeRay names a RayService's serve Service <name>-serve-svc (utils.GenerateServeServiceName).
         return Endpoint(base_url=f"http://{name}-serve-svc.{ns}.svc.cluster.local:{_head_port(rayservice, 'serve', 8000)}/v1",
-                        metrics_url=metrics)
+                        metrics_url=metrics, metrics_lag_s=RAY_METRICS_LAG_S)
 
     # ---- readiness ----
 

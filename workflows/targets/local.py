@@ -25,6 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel
 
+from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.manifest import find, serve_config_of
 from workflows.serve_config import IMPORT_PATH
 from workflows.targets.base import (Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus,
@@ -222,7 +223,8 @@ class LocalTarget:
         phases = {phase: {"ReplicaId": ids} for name, ids in by_deployment.items() if ids
                   for phase in ("prefill", "decode") if name.lower().startswith(phase + ":")}
         return Endpoint(base_url=f"http://{HOST}:{self.ports.serve}{prefix}/v1", metrics_url=self.ray.metrics_url,
-                        metrics_labels={"ReplicaId": replicas} if replicas else {}, metrics_phases=phases)
+                        metrics_labels={"ReplicaId": replicas} if replicas else {}, metrics_phases=phases,
+                        metrics_lag_s=RAY_METRICS_LAG_S)
 
     # -- the protocol ------------------------------------------------------------------------------
     def apply(self, record: ReleaseRecord, progress: Progress) -> ReleaseRecord:
