@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT
 from workflows.targets.base import ReleaseRecord, TargetError, last_good
-from workflows.targets.local import LocalTarget, worker_resources
+from workflows.targets.local import LocalTarget, _serve_error, worker_resources
 from workflows.targets.local_stack import Ports
 
 
@@ -28,6 +28,7 @@ class FakeRay:
         self.fail: dict[str, str] = {}      # app name -> status it ends in instead of RUNNING
         self.deploys = 0
         self.log = Path("/dev/null")
+        self.temp_dir = Path("/nonexistent/pdops-ray")
         self.metrics_url = "http://127.0.0.1:9/metrics"
 
     def pid(self):
@@ -221,3 +222,22 @@ def test_full_disk_under_pdops_home_keeps_the_last_good_release(target, monkeypa
     monkeypatch.setattr("workflows.targets.local.resolve_source", lambda s: "/models/tiny")
     assert "dropped candidate" in target.rollback(["disk freed"], None, say)   # the next run undoes it
     assert last_good(target.history()).revision == "rev1"
+
+
+def test_a_failed_replica_is_reported_with_the_root_cause_from_its_worker_log(tmp_path):
+    """Serve's message ends in "see root cause above"; the cause is only in the worker's own log
+    (text below as Ray 2.60 wrote it for a decode engine whose UCX could not reach itself)."""
+    (tmp_path / "worker-b95-01000000-16039.err").write_text(
+        '{"levelname": "INFO", "message": "no error here"}\n'
+        "W1203 07:53:37.653570   16180 ucx_enums.cpp:58] Unexpected UCX error: Destination is unreachable\n"
+        "    raise RuntimeError(\n"
+        "RuntimeError: Worker failed with error 'NIXL_ERR_BACKEND', please check the stack trace above\n")
+    message = ("The deployment failed to start 3 times in a row. This may be due to a problem with its "
+               "constructor. Error:\n\x1b[36mray::ServeReplica:pd-llm-blue:Decode.initialize_and_get_metadata()"
+               "\x1b[39m (pid=16039, ip=127.0.0.1)\n    raise RuntimeError(traceback.format_exc()) from None\n"
+               "RuntimeError: Engine core initialization failed. See root cause above.\n")
+    summary = _serve_error(message, tmp_path)
+    assert summary.startswith("The deployment failed to start 3 times in a row. Raised: RuntimeError: Engine core")
+    assert "Destination is unreachable" in summary and "NIXL_ERR_BACKEND" in summary
+    assert "no error here" not in summary and "\x1b" not in summary and "raise RuntimeError(" not in summary
+    assert _serve_error(message, tmp_path / "elsewhere").endswith("See root cause above.")

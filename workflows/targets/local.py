@@ -16,6 +16,7 @@ import copy
 import fcntl
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,6 +65,22 @@ def _write_atomic(path: Path, text: str) -> None:
         raise TargetError(f"cannot write the local target's state {path}: {exc.strerror or exc}",
                           [f"{path.name} is unchanged; free space, then `pdops rollback --if-candidate-pending` "
                            "undoes a half-done candidate"]) from exc
+
+
+def _serve_error(message: str, logs: Path) -> str:
+    """Serve's replica error is a colourised traceback whose root cause ("see root cause above") is
+    only in the replica worker's log: keep the first sentence, the exception and that log's errors."""
+    lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", message).splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    raised = [ln for ln in lines[1:] if re.match(r"^[\w.]*(Error|Exception)\b.*: ", ln)]
+    out = lines[0].split(" This may be")[0] + (f" Raised: {raised[-1]}" if raised else "")
+    pid = re.search(r"\(pid=(\d+)", message)
+    for log in logs.glob(f"worker-*-{pid.group(1)}.err") if pid else ():
+        errors = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
+                  if "error" in ln.lower() and not ln.startswith("{") and not ln.strip().startswith("raise ")]
+        out += "".join(f" | {e[-200:]}" for e in errors[-3:]) + f" (log: {log})"
+    return out
 
 
 def worker_resources(manifest: str) -> dict[str, int]:
@@ -260,9 +277,10 @@ class LocalTarget:
             if status == "RUNNING":
                 return
             if status in ("DEPLOY_FAILED", "UNHEALTHY"):
-                details = [app.get("message") or ""] + [f"{d}: {v.get('message')}" for d, v in deployments.items()
-                                                         if v.get("message")]
-                raise TargetError(f"{name} is {status}", [d[:500] for d in details if d])
+                logs = self.ray.temp_dir / "session_latest" / "logs"
+                details = [app.get("message") or ""] + [f"{d}: {_serve_error(v['message'], logs)}"
+                                                         for d, v in deployments.items() if v.get("message")]
+                raise TargetError(f"{name} is {status}", [d[:1000] for d in details if d])
             if self.ray.pid() is None:
                 raise TargetError("the local Ray stopped while waiting", [f"log: {self.ray.log}"])
             if elapsed > timeout_s:
