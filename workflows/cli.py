@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import logging
 import sys
 import time
 from pathlib import Path
@@ -152,8 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Ray Serve LLM's config models import vLLM, whose import-time notices would bury our output.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # Ray Serve LLM's config models import vLLM, whose import-time notices (Triton, platform) would
+    # bury our output: Ray routes vLLM's unconfigured loggers to its INFO root handler as JSON.
+    # Engines run in their own processes; this process only reads vLLM's config classes.
+    logging.getLogger("vllm").setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

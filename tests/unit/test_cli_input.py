@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -75,3 +77,11 @@ def test_check_json_and_stdin_roundtrip(capsys, monkeypatch, tmp_path):
     report = json.loads(out)
     assert code == 1 and not report["clean"]
     assert [f["rule"] for f in report["findings"] if f["severity"] == "error"] == ["kv-role"]
+
+
+def test_check_output_is_not_buried_in_import_time_log_lines():
+    """Measured before: vLLM's Triton notices as Ray-formatted JSON on every `pdops check`."""
+    proc = subprocess.run([sys.executable, "-m", "workflows.cli", "check", "overlays/local"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "clean" in proc.stdout + proc.stderr
+    assert [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("{")] == []
