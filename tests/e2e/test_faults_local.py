@@ -182,3 +182,40 @@ def test_run_folder_filling_up_during_validation_rolls_back(stack, stable_digest
     assert users.ok == users.sent > 0
     st = assert_stable_kept(stack, stable_digest)
     assert st["history"][-1]["verdict"] == "rollback"
+
+
+def test_kv_connector_that_moves_no_kv_is_caught_by_golden_tokens(stack, stable_digest, tmp_path):
+    """vLLM's DecodeBenchConnector passes every lint and starts fine, but decode fills its KV cache
+    with dummy values instead of receiving prefill's. Measured: compat, latency, error rate, the KV
+    counter (5,696 prompt tokens "arrived by KV transfer") and NIXL failures all pass; only the
+    golden tokens differ from the single-engine reference."""
+    overlay = changed_overlay(tmp_path, 112, kv_transfer={"connector": "DecodeBenchConnector", "backends": ["UCX"],
+                                                          "buffer_device": "cpu"})
+    with LiveTraffic() as users:
+        started = time.monotonic()
+        proc = pdops(stack, "release", "--overlay", str(overlay), "--json")
+        took = time.monotonic() - started
+    print(f"fault kv-dummy: verdict in {took:.0f}s, stable {users}")
+    assert proc.returncode == 1, proc.stdout
+    out = json.loads(proc.stdout)
+    assert out["verdict"] == "rollback" and out["checks_failed"] >= 1
+    assert any(r.startswith("golden tokens:") for r in out["reasons"]), out["reasons"]
+    assert users.ok == users.sent > 0
+    assert_stable_kept(stack, stable_digest)
+
+
+def test_kv_transport_that_cannot_start_fails_with_the_engines_root_cause(stack, stable_digest, tmp_path):
+    """UCX restricted to `self` on decode: NIXL cannot set up its backend, the engine never starts,
+    Serve gives up after 3 tries; the verdict names NIXL's error from the worker's log."""
+    overlay = changed_overlay(tmp_path, 120, decode__env={"VLLM_CPU_OMP_THREADS_BIND": "1", "UCX_TLS": "self"})
+    with LiveTraffic() as users:
+        started = time.monotonic()
+        proc = pdops(stack, "release", "--overlay", str(overlay), "--json")
+        took = time.monotonic() - started
+    print(f"fault kv-transport: verdict in {took:.0f}s, stable {users}")
+    assert proc.returncode == 1, proc.stdout
+    out = json.loads(proc.stdout)
+    assert out["verdict"] == "failed" and "DEPLOY_FAILED" in out["reasons"][0]
+    assert any("NIXL_ERR_BACKEND" in r for r in out["reasons"]), out["reasons"]
+    assert users.ok == users.sent > 0
+    assert_stable_kept(stack, stable_digest)
