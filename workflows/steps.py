@@ -185,6 +185,8 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
     progress("[2/5 check] cross-layer rules and pinned schemas, before anything is applied")
     findings = check_rendered(rendered, schema_dir or schema_dir_from_env())
     _dump(run / "check.json", [f.to_dict() for f in findings])
+    for warning in (f for f in findings if f.severity == "warning"):
+        progress(f"[check] {warning.render()}")
     if blocking(findings):
         return finish("blocked", [f.render() for f in blocking(findings)])
     _write(run / "manifest.yaml", rendered.text())

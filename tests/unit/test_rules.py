@@ -59,6 +59,15 @@ def test_kv_connector_mismatch_and_missing(rendered):
     assert any(f.rule == "kv-connector" and "prefill" in f.message for f in lint(r))
 
 
+def test_connector_that_moves_no_kv_is_a_warning_not_a_block(rendered):
+    """A warning: the release still runs and its golden tokens fail it (tests/e2e measured that)."""
+    def edit(a):
+        for phase in ("prefill", "decode"):
+            _kv(a, phase).update(kv_connector="DecodeBenchConnector")
+    [f] = [f for f in lint(_edit_serve(rendered(), edit)) if f.rule == "kv-connector"]
+    assert f.severity == "warning" and "dummy values" in f.message and "NixlConnector" in f.fix
+
+
 def test_tp_order(rendered):
     r = _edit_serve(rendered(), lambda a: a["prefill_config"]["engine_kwargs"].update(tensor_parallel_size=16))
     assert "tp-order" in _rules(r)

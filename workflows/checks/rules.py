@@ -139,6 +139,15 @@ def kv_role(r: Rendered) -> Iterator[Finding]:
                           _serve_file(r), field, f"set kv_role: {want}")
 
 
+# vLLM connectors that run in P/D configs without error but do not hand prefill's KV to decode.
+NOT_PD_CONNECTORS = {
+    "DecodeBenchConnector": "decode fills its KV cache with dummy values (a benchmark tool)",
+    "ExampleConnector": "an example that saves and loads KV through local files on one node",
+    "OffloadingConnector": "it offloads one engine's KV to CPU memory",
+    "SimpleCPUOffloadConnector": "it offloads one engine's KV to CPU memory",
+}
+
+
 @rule
 def kv_connector(r: Rendered) -> Iterator[Finding]:
     kvs = {n: _kv(r, n) for n in PHASES}
@@ -149,6 +158,13 @@ def kv_connector(r: Rendered) -> Iterator[Finding]:
                           "set kv_transfer.connector in release.yaml (NixlConnector)")
     if all(isinstance(k, dict) and k.get("kv_connector") for k in kvs.values()):
         p, d = kvs["prefill"], kvs["decode"]
+        why = NOT_PD_CONNECTORS.get(p["kv_connector"])
+        if why:
+            yield Finding("kv-connector", f"{p['kv_connector']} does not move KV from prefill to decode: {why}; "
+                          "the golden-token check will fail such a candidate", _serve_file(r),
+                          _serve_path("prefill", "engine_kwargs.kv_transfer_config.kv_connector"),
+                          "set kv_transfer.connector in release.yaml to a P/D transport (NixlConnector)",
+                          severity="warning")
         if p["kv_connector"] != d["kv_connector"]:
             yield Finding("kv-connector", f"prefill uses {p['kv_connector']} but decode uses {d['kv_connector']}",
                           _serve_file(r), _serve_path("decode", "engine_kwargs.kv_transfer_config.kv_connector"),
