@@ -27,6 +27,7 @@ class FakeRay:
         self.running = False
         self.fail: dict[str, str] = {}      # app name -> status it ends in instead of RUNNING
         self.deploys = 0
+        self.deleting_reads = 0             # reads a left-out application stays DELETING, as in Serve
         self.log = Path("/dev/null")
         self.temp_dir = Path("/nonexistent/pdops-ray")
         self.metrics_url = "http://127.0.0.1:9/metrics"
@@ -54,10 +55,18 @@ class FakeRay:
                                 "status": old["status"] if same else "DEPLOYING",
                                 "deployments": {"Decode:m": {"status": "HEALTHY", "replicas": [
                                     {"replica_id": app["name"] + "-decode"}]}}}
+        for name, app in self.apps.items():
+            if name not in new and self.deleting_reads:
+                new[name] = {**app, "status": "DELETING", "reads_left": self.deleting_reads}
         self.apps = new
 
     def applications(self):
-        for name, app in self.apps.items():
+        for name, app in list(self.apps.items()):
+            if app["status"] == "DELETING":
+                app["reads_left"] -= 1
+                if app["reads_left"] < 0:
+                    del self.apps[name]
+                continue
             if app["status"] == "DEPLOYING":
                 app["status"] = self.fail.get(name, "RUNNING")
                 if name in self.fail:
@@ -241,3 +250,16 @@ def test_a_failed_replica_is_reported_with_the_root_cause_from_its_worker_log(tm
     assert "Destination is unreachable" in summary and "NIXL_ERR_BACKEND" in summary
     assert "no error here" not in summary and "\x1b" not in summary and "raise RuntimeError(" not in summary
     assert _serve_error(message, tmp_path / "elsewhere").endswith("See root cause above.")
+
+
+def test_rollback_returns_once_serve_has_removed_the_candidate(target):
+    """Serve deletes a left-out application in the background (seen: still listed, DELETING, right
+    after the config PUT); the candidate's engines must be gone before the next release starts."""
+    promoted(target, 1)
+    target.apply(record(2), say)
+    target.wait_ready(5, say)
+    target.ray.deleting_reads = 3
+    lines: list[str] = []
+    target.rollback(["ttft p90 too high"], None, lines.append)
+    assert set(target.ray.apps) == {"pd-llm-blue"}
+    assert "[ray] waiting for Serve to remove pd-llm-green" in lines

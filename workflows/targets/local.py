@@ -203,6 +203,20 @@ class LocalTarget:
                 ["run `pdops down` and release again: Ray restarts sized for this release"])
         self.ray.deploy([slot_application(r, s) for s, r in (("stable", slots.stable), ("candidate", slots.candidate))
                          if r])
+        self._wait_removed({self._app_name(r) for r in records}, progress)
+
+    def _wait_removed(self, keep: set[str], progress: Progress, timeout_s: float = 300) -> None:
+        """Serve deletes left-out applications in the background: a rollback or promote is done when
+        their engines are gone and their CPU and memory are free for the next candidate."""
+        started, said = time.monotonic(), False
+        while leaving := sorted(set(self.ray.applications()) - keep):
+            if time.monotonic() - started > timeout_s:
+                raise TargetError(f"Serve did not remove {', '.join(leaving)} within {timeout_s:.0f}s",
+                                  [f"Ray log: {self.ray.log}"])
+            if not said:
+                progress(f"[ray] waiting for Serve to remove {', '.join(leaving)}")
+                said = True
+            time.sleep(self.poll_s)
 
     def _app_name(self, record: ReleaseRecord) -> str:
         return f"{record.name}-{record.colour}"
