@@ -44,9 +44,11 @@ def _key(b: dict) -> tuple:
 
 
 def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None,
-           golden: dict | None = None) -> dict:
+           golden: dict | None = None, replaced: list[str] | None = None) -> dict:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
-    (the Kubernetes pipeline) do not run it."""
+    (the Kubernetes pipeline) do not run it. `replaced`: the candidate's engines that were replaced
+    while it was validated, where the target can tell; a candidate that lost an engine is unproven
+    even when its restarted engine then passed every check (measured: a killed prefill engine)."""
     checks: list[dict] = []
 
     def add(name: str, ok: bool, msg: str, bench: str | None = None, value=None, limit=None) -> None:
@@ -73,6 +75,10 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
             f"reference ({golden.get('tokens_compared', 0)} tokens)"
             + "".join(f"; prompt {c['prompt']}: " + (c.get("problem") or f"first differs at token {c['first_difference']}")
                       for c in bad[:3]), value=golden.get("matched"), limit=golden.get("prompts"))
+
+    if replaced is not None:
+        add("engines_stable", not replaced, "engines replaced during validation: " + "; ".join(replaced)
+            if replaced else "no engine was replaced during validation", value=replaced)
 
     latency_checks = [
         ("ttft_p90_ms", "ttft_ms", "p90", slo.prefill.ttft_p90_ms),

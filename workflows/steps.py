@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +93,24 @@ def record_of(rendered: Rendered, revision: str) -> ReleaseRecord:
     return ReleaseRecord.of(rendered.text(), rendered.spec.name, rendered.spec.model.id, revision)
 
 
+def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
+    """Per phase, the engine replicas of `before` gone by `after` (None: the target names no replicas)."""
+    if not before.metrics_phases:
+        return None
+    out = []
+    for phase, selection in before.metrics_phases.items():
+        was = set(selection.get("ReplicaId", []))
+        now = set(after.metrics_phases.get(phase, {}).get("ReplicaId", []))
+        if was - now:
+            out.append(f"{phase} {', '.join(sorted(was - now))} replaced by {', '.join(sorted(now - was)) or 'nothing'}")
+    return out
+
+
 def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progress: Progress,
                        reference: list[dict] | None, stable_report: str | None = None,
-                       api_key: str | None = None) -> dict[str, Any]:
-    """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report."""
+                       api_key: str | None = None, current: Callable[[], Endpoint] | None = None) -> dict[str, Any]:
+    """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
+    `current` re-reads the candidate's endpoint after validation, to see engines that were replaced."""
     from validation import compat as compat_suite
     from validation import gate, golden, profiles, report
     from validation.bench import run_bench
@@ -130,7 +145,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             stable = json.loads((Path(stable_report) / "report.json").read_text()).get("benches")
         except (OSError, ValueError):
             progress(f"[validate] the stable release's report is unreadable ({stable_report}); no vs-stable check")
-    decision = gate.decide(compat, benches, spec.slo, stable, matched)
+    replaced = replaced_engines(endpoint, current()) if current else None
+    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced)
     try:
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
@@ -225,7 +241,8 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
             progress(f"[4/5 validate] candidate at {endpoint.base_url}")
             last_good = target.status().last_good
             result = validate_candidate(endpoint, spec, run, progress, reference,
-                                        last_good.report if last_good else None, api_key)
+                                        last_good.report if last_good else None, api_key,
+                                        lambda: target.endpoint("candidate"))
         except (TargetError, RunFolderError) as exc:
             reasons = ([f"candidate failed on the target: {exc.problem}", *exc.details]
                        if isinstance(exc, TargetError) else [f"validation could not record its results: {exc}"])

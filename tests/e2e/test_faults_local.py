@@ -103,7 +103,9 @@ def test_engine_killed_during_validation_rolls_back(stack, stable_digest, tmp_pa
     print(f"fault {phase.lower()}-killed: verdict {took:.0f}s after the kill, stable {users}")
     assert release.returncode == 1, out
     verdict = json.loads(out)
-    assert verdict["verdict"] in ("rollback", "failed") and verdict["reasons"]
+    assert verdict["verdict"] == "rollback"
+    assert any(r.startswith(f"engines replaced during validation: {phase.lower()} ") for r in verdict["reasons"]), \
+        verdict["reasons"]
     assert users.ok == users.sent > 0
     assert_stable_kept(stack, stable_digest)
 
@@ -111,7 +113,7 @@ def test_engine_killed_during_validation_rolls_back(stack, stable_digest, tmp_pa
 def test_candidate_answering_5xx_and_hanging_mid_stream_rolls_back(stack, stable_digest, tmp_path, monkeypatch):
     """The real release flow, target and candidate; between validation and the candidate sits
     tests/fakes/fault_proxy.py, which answers every 4th completion 503 and stalls every 3rd stream
-    after its first chunks. Run in this process so the target can hand validation the proxy's URL."""
+    after its first events. Run in this process so the target can hand validation the proxy's URL."""
     from tests.fakes.fault_proxy import FaultProxy
     from workflows import steps
     from workflows.targets.local import LocalTarget
@@ -121,7 +123,7 @@ def test_candidate_answering_5xx_and_hanging_mid_stream_rolls_back(stack, stable
     overlay = changed_overlay(tmp_path, 80, validation__request_timeout_s=10)
     target = LocalTarget()
     ready = target.wait_ready
-    with FaultProxy(CANDIDATE, fail_every=4, hang_every=3, hang_after_chunks=3) as proxy, LiveTraffic() as users:
+    with FaultProxy(CANDIDATE, fail_every=4, hang_every=3, hang_after_events=3) as proxy, LiveTraffic() as users:
         monkeypatch.setattr(target, "wait_ready",
                             lambda *a: ready(*a).model_copy(update={"base_url": proxy.base_url}))
         started = time.monotonic()

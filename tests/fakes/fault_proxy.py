@@ -3,8 +3,9 @@
 It forwards every request to the upstream unchanged, except that completion requests (paths ending
 in /completions) can be made to fail in one of two ways a broken candidate really fails:
 - `fail_every=N`: every Nth such request is answered 503 with an OpenAI error body;
-- `hang_every=N`: every Nth streamed answer stops after `hang_after_chunks` body chunks and then
+- `hang_every=N`: every Nth streamed answer stops after `hang_after_events` SSE events and then
   sends nothing more, with the connection left open (a stalled engine behind a healthy ingress).
+  Counted in events, not reads: Ray Serve batches a stream, and one read can hold all of it.
 
     with FaultProxy("http://127.0.0.1:9400/candidate/v1", fail_every=3) as proxy:
         proxy.base_url      # http://127.0.0.1:PORT/candidate/v1
@@ -25,11 +26,11 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 
 class FaultProxy:
     def __init__(self, upstream_base_url: str, fail_every: int = 0, hang_every: int = 0,
-                 hang_after_chunks: int = 2) -> None:
+                 hang_after_events: int = 2) -> None:
         parts = urlsplit(upstream_base_url)
         assert parts.hostname == "127.0.0.1", "the proxy only forwards to 127.0.0.1"
         self.upstream_origin, self.path = f"{parts.scheme}://{parts.netloc}", parts.path
-        self.fail_every, self.hang_every, self.hang_after_chunks = fail_every, hang_every, hang_after_chunks
+        self.fail_every, self.hang_every, self.hang_after_events = fail_every, hang_every, hang_after_events
         self.injected = {"5xx": 0, "hang": 0}
         self.forwarded = 0
         self._completions = itertools.count(1)
@@ -85,15 +86,23 @@ class FaultProxy:
             response = web.StreamResponse(status=upstream.status, headers={
                 k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
             await response.prepare(request)
-            chunks = 0
+            pending, events = b"", 0
             async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-                chunks += 1
-                if hang and chunks >= self.hang_after_chunks:
+                if not hang:
+                    await response.write(chunk)
+                    continue
+                pending += chunk
+                while b"\n\n" in pending and events < self.hang_after_events:
+                    event, pending = pending.split(b"\n\n", 1)
+                    await response.write(event + b"\n\n")
+                    events += 1
+                if events >= self.hang_after_events:
                     self.injected["hang"] += 1
                     assert self._stop is not None
                     await self._stop.wait()        # silent, connection open, until the client gives up
                     return response
+            if pending:
+                await response.write(pending)
             await response.write_eof()
             return response
 

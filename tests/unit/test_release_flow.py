@@ -189,7 +189,7 @@ def test_candidate_answering_5xx_rolls_back_and_the_report_counts_the_errors(ser
 
 def test_candidate_hanging_mid_stream_is_cut_off_by_the_request_timeout(server, overlay, tmp_path):
     edit(overlay, validation__request_timeout_s=2)
-    with FaultProxy(server.base_url, hang_every=2, hang_after_chunks=2) as proxy:
+    with FaultProxy(server.base_url, hang_every=2, hang_after_events=2) as proxy:
         target = RecordingTarget(Endpoint(base_url=proxy.base_url))
         out, folder = run(overlay, target, tmp_path)
     assert proxy.injected["hang"] > 0
@@ -215,3 +215,17 @@ def test_run_folder_filling_up_during_validation_rolls_back_and_reports(server, 
     assert out["reasons"] == [f"validation could not record its results: cannot write {folder / 'compat.json'}: "
                               "No space left on device"]
     assert not (folder / "release.json").exists() and (folder / "manifest.yaml").exists()
+
+
+def test_an_engine_replaced_during_validation_rolls_back_the_candidate(server, overlay, tmp_path, monkeypatch):
+    """Measured on the real stack: Serve restarted a killed prefill engine and the candidate then
+    passed every check; what the target reports about its replicas must stop it."""
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    started = endpoint(server).model_copy(update={"metrics_phases": {"prefill": {"ReplicaId": ["p1"]},
+                                                                      "decode": {"ReplicaId": ["d1"]}}})
+    target = RecordingTarget(started)
+    monkeypatch.setattr(target, "endpoint", lambda slot: started.model_copy(update={
+        "metrics_phases": {"prefill": {"ReplicaId": ["p2"]}, "decode": {"ReplicaId": ["d1"]}}}))
+    out, _ = run(overlay, target, tmp_path)
+    assert out["verdict"] == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
+    assert out["reasons"] == ["engines replaced during validation: prefill p1 replaced by p2"]

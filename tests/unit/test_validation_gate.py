@@ -112,3 +112,11 @@ def test_no_kv_seen_because_the_metrics_missed_requests_says_so():
     d = decide(COMPAT_OK, [partial], SLO_, None)
     assert failed(d) == {"kv_transfer"} and "metrics show 0 of 32 requests" in d["reasons"][0]
     assert "of 32 requests" not in " ".join(decide(COMPAT_OK, [bench(kv=0)], SLO_, None)["reasons"])
+
+
+def test_engines_replaced_during_validation_roll_back_even_when_everything_else_passes():
+    replaced = ["prefill r1 replaced by r7"]
+    d = decide(COMPAT_OK, [bench()], SLO_, None, replaced=replaced)
+    assert d["verdict"] == "rollback" and failed(d) == {"engines_stable"} and "prefill r1 replaced by r7" in d["reasons"][0]
+    assert decide(COMPAT_OK, [bench()], SLO_, None, replaced=[])["verdict"] == "promote"
+    assert "engines_stable" not in {c["check"] for c in decide(COMPAT_OK, [bench()], SLO_, None)["checks"]}
