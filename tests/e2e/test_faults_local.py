@@ -40,18 +40,23 @@ def assert_stable_kept(stack, digest: str) -> dict:
     return st
 
 
-def test_candidate_never_ready_times_out_and_is_removed(stack, stable_digest, tmp_path):
-    overlay = changed_overlay(tmp_path, 40)
+def failed_release(stack, stable_digest: str, overlay, fault: str, *args: str) -> dict:
+    """`pdops release --json` of `overlay` while a user calls stable: exit 1, every one of the user's
+    requests OK, stable kept. Prints the figures for the README's fault table; returns the outcome."""
     with LiveTraffic() as users:
         started = time.monotonic()
-        proc = pdops(stack, "release", "--overlay", str(overlay), "--timeout", "20", "--json")
+        proc = pdops(stack, "release", "--overlay", str(overlay), *args, "--json")
         took = time.monotonic() - started
-    print(f"fault never-ready: verdict in {took:.0f}s, stable {users}")
-    assert proc.returncode == 1
-    out = json.loads(proc.stdout)
-    assert out["verdict"] == "failed" and "not RUNNING after 20s" in out["reasons"][0]
+    print(f"fault {fault}: verdict in {took:.0f}s, stable {users}")
+    assert proc.returncode == 1, proc.stdout
     assert users.ok == users.sent > 0
     assert_stable_kept(stack, stable_digest)
+    return json.loads(proc.stdout)
+
+
+def test_candidate_never_ready_times_out_and_is_removed(stack, stable_digest, tmp_path):
+    out = failed_release(stack, stable_digest, changed_overlay(tmp_path, 40), "never-ready", "--timeout", "20")
+    assert out["verdict"] == "failed" and "not RUNNING after 20s" in out["reasons"][0]
 
 
 def test_release_killed_after_rollout_is_undone_and_a_second_release_is_refused(stack, stable_digest, tmp_path):
@@ -193,31 +198,15 @@ def test_kv_connector_that_moves_no_kv_is_caught_by_golden_tokens(stack, stable_
     golden tokens differ from the single-engine reference."""
     overlay = changed_overlay(tmp_path, 112, kv_transfer={"connector": "DecodeBenchConnector", "backends": ["UCX"],
                                                           "buffer_device": "cpu"})
-    with LiveTraffic() as users:
-        started = time.monotonic()
-        proc = pdops(stack, "release", "--overlay", str(overlay), "--json")
-        took = time.monotonic() - started
-    print(f"fault kv-dummy: verdict in {took:.0f}s, stable {users}")
-    assert proc.returncode == 1, proc.stdout
-    out = json.loads(proc.stdout)
+    out = failed_release(stack, stable_digest, overlay, "kv-dummy")
     assert out["verdict"] == "rollback" and out["checks_failed"] >= 1
     assert any(r.startswith("golden tokens:") for r in out["reasons"]), out["reasons"]
-    assert users.ok == users.sent > 0
-    assert_stable_kept(stack, stable_digest)
 
 
 def test_kv_transport_that_cannot_start_fails_with_the_engines_root_cause(stack, stable_digest, tmp_path):
     """UCX restricted to `self` on decode: NIXL cannot set up its backend, the engine never starts,
     Serve gives up after 3 tries; the verdict names NIXL's error from the worker's log."""
     overlay = changed_overlay(tmp_path, 120, decode__env={"VLLM_CPU_OMP_THREADS_BIND": "1", "UCX_TLS": "self"})
-    with LiveTraffic() as users:
-        started = time.monotonic()
-        proc = pdops(stack, "release", "--overlay", str(overlay), "--json")
-        took = time.monotonic() - started
-    print(f"fault kv-transport: verdict in {took:.0f}s, stable {users}")
-    assert proc.returncode == 1, proc.stdout
-    out = json.loads(proc.stdout)
+    out = failed_release(stack, stable_digest, overlay, "kv-transport")
     assert out["verdict"] == "failed" and "DEPLOY_FAILED" in out["reasons"][0]
     assert any("NIXL_ERR_BACKEND" in r for r in out["reasons"]), out["reasons"]
-    assert users.ok == users.sent > 0
-    assert_stable_kept(stack, stable_digest)
