@@ -32,7 +32,6 @@ class FaultProxy:
         self.upstream_origin, self.path = f"{parts.scheme}://{parts.netloc}", parts.path
         self.fail_every, self.hang_every, self.hang_after_events = fail_every, hang_every, hang_after_events
         self.injected = {"5xx": 0, "hang": 0}
-        self.forwarded = 0
         self._completions = itertools.count(1)
         self._streams = itertools.count(1)
         self._ready = threading.Event()
@@ -77,7 +76,6 @@ class FaultProxy:
                                "code": 503}}
             return web.json_response(error, status=503)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        self.forwarded += 1
         async with self._client.request(request.method, self.upstream_origin + request.path_qs, data=body,
                                         headers=headers, auto_decompress=False) as upstream:
             streamed = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
