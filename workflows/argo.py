@@ -22,20 +22,14 @@ from typing import Any
 import yaml
 
 from validation.server_metrics import RAY_METRICS_LAG_S
+from workflows.names import (API_KEY_ENV, API_KEY_SECRET, ENV_NAMESPACES, ENVIRONMENTS, SERVICE_ACCOUNT,  # noqa: F401
+                             WORKFLOW_NAMESPACE)
 
 STEP_IMAGE = "ghcr.io/pdops/pdops-step:0.1.0"
 REPO_URL = "https://github.com/pdops/pdops.git"
-WORKFLOW_NAMESPACE = "pdops"
-SERVICE_ACCOUNT = "pd-release"
-ENVIRONMENTS = ("dev", "staging", "prod")
-ENV_NAMESPACES = {"dev": "llm-dev", "staging": "llm-staging", "prod": "llm-prod"}
 PROFILES = ("balanced", "long-prompt-short-output", "short-prompt-long-output")
 SRC = "/workspace/src"          # git input artifact (the revision under release)
 RUN_AS_USER = 10001              # matches the Dockerfile's user
-# The API key validation sends (when the endpoint needs one) comes from a Secret by reference,
-# never from a workflow parameter; `optional` lets endpoints without auth run without the Secret.
-API_KEY_ENV = "PDOPS_API_KEY"
-API_KEY_SECRET = {"name": "pdops-validation-api-key", "key": "api-key"}
 
 P = "{{workflow.parameters.%s}}"
 OVERLAY = "overlays/" + P % "environment"

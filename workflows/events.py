@@ -22,12 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from workflows.argo import ENVIRONMENTS, WORKFLOW_NAMESPACE
+from workflows.names import ENVIRONMENTS, SENSOR_SERVICE_ACCOUNT, WORKFLOW_NAMESPACE
 
 EVENT_SOURCE = "pdops-github"
 EVENT_NAME = "push"
 SENSOR = "pdops-release"
-SENSOR_SERVICE_ACCOUNT = "pd-release-sensor"
 WEBHOOK_SECRET = {"name": "pdops-github-webhook", "key": "secret"}   # created out of band, never committed
 REPO_OWNER = "pdops"
 REPO_NAME = "pdops"

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workflows.argo import ENV_NAMESPACES, SERVICE_ACCOUNT, WORKFLOW_NAMESPACE
-
-SENSOR_SERVICE_ACCOUNT = "pd-release-sensor"
+from workflows.names import (ENV_NAMESPACES, EXECUTOR_ROLE, PART_OF, SENSOR_SERVICE_ACCOUNT, SERVICE_ACCOUNT,
+                             WORKFLOW_NAMESPACE)
 
 RELEASE_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["ray.io"], "resources": ["rayservices"],
@@ -35,7 +34,7 @@ EXECUTOR_RULES: list[dict[str, Any]] = [
 SENSOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["create"]},
 ]
-LABELS = {"app.kubernetes.io/part-of": "pdops"}
+LABELS = PART_OF
 
 
 def _sa(name: str) -> dict[str, Any]:
@@ -60,8 +59,8 @@ def objects() -> list[dict[str, Any]]:
     out = [_sa(SERVICE_ACCOUNT)]
     for ns in ENV_NAMESPACES.values():
         out += [_role(SERVICE_ACCOUNT, ns, RELEASE_RULES), _binding(SERVICE_ACCOUNT, ns, SERVICE_ACCOUNT)]
-    out += [_role("pd-release-executor", WORKFLOW_NAMESPACE, EXECUTOR_RULES),
-            _binding("pd-release-executor", WORKFLOW_NAMESPACE, SERVICE_ACCOUNT)]
+    out += [_role(EXECUTOR_ROLE, WORKFLOW_NAMESPACE, EXECUTOR_RULES),
+            _binding(EXECUTOR_ROLE, WORKFLOW_NAMESPACE, SERVICE_ACCOUNT)]
     out += [_sa(SENSOR_SERVICE_ACCOUNT), _role(SENSOR_SERVICE_ACCOUNT, WORKFLOW_NAMESPACE, SENSOR_RULES),
             _binding(SENSOR_SERVICE_ACCOUNT, WORKFLOW_NAMESPACE, SENSOR_SERVICE_ACCOUNT)]
     return out

@@ -50,17 +50,13 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from validation.server_metrics import RAY_METRICS_LAG_S
+from workflows.names import (COLOUR_LABEL, DIGEST_ANNOTATION, FIELD_MANAGER, HISTORY_LABEL, LOCK_NAME,
+                             PART_OF, RELEASE_LABEL, REVISION_ANNOTATION)
 from workflows.targets.base import (
     Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, appended, last_good, other_colour,
 )
 
-FIELD_MANAGER = "pdops"
 APPLY_PATCH = "application/apply-patch+yaml"
-COLOUR_LABEL = "pdops.dev/colour"
-RELEASE_LABEL = "pdops.dev/release"
-HISTORY_LABEL = "pdops.dev/history-of"
-DIGEST_ANNOTATION = "pdops.dev/digest"
-REVISION_ANNOTATION = "pdops.dev/revision"
 GPU = "nvidia.com/gpu"
 # Labels KubeRay puts on the pods it creates (ray-operator/controllers/ray/utils/constant.go).
 NODE_TYPE_LABEL, SERVE_LABEL = "ray.io/node-type", "ray.io/serve"
@@ -74,7 +70,6 @@ SHARED_KINDS = ("ServiceAccount", "PodMonitor")
 FAILING_WAIT_REASONS = {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError",
                         "CreateContainerError", "RunContainerError", "InvalidImageName"}
 PROGRESS_EVERY_S = 30.0
-LOCK_NAME = "pdops-release"
 LOCK_TTL_S = 120  # a holder renews every quarter of this; a dead holder's lock is taken over after it
 RECENT_EVENTS = 10
 
@@ -336,7 +331,7 @@ class KubernetesTarget:
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         spec = {"holderIdentity": holder, "leaseDurationSeconds": LOCK_TTL_S, "renewTime": now}
         return {"apiVersion": _API_VERSIONS["Lease"], "kind": "Lease",
-                "metadata": {"name": LOCK_NAME, "namespace": self.namespace, "labels": {"app.kubernetes.io/part-of": "pdops"}},
+                "metadata": {"name": LOCK_NAME, "namespace": self.namespace, "labels": dict(PART_OF)},
                 "spec": spec if renew else {**spec, "acquireTime": now}}
 
     def _lock(self, holder: str) -> None:

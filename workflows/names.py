@@ -1,0 +1,33 @@
+"""Names shared across the pipeline: namespaces, service accounts, labels, annotations.
+
+The bottom layer: it imports nothing of ours, so the Argo definitions (workflows/argo.py), the
+Argo Events objects (events.py), the RBAC (rbac.py) and the targets can all import it without a
+cycle, and no name is written twice.
+"""
+from __future__ import annotations
+
+# Argo side: where the pipeline's workflows run and who they run as.
+WORKFLOW_NAMESPACE = "pdops"
+SERVICE_ACCOUNT = "pd-release"                 # runs every pd-release / pd-canary step
+EXECUTOR_ROLE = "pd-release-executor"          # what Argo's executor needs to report outputs
+SENSOR_SERVICE_ACCOUNT = "pd-release-sensor"   # the Argo Events Sensor submitting pd-release
+RELEASE_TEMPLATE = "pd-release"                # WorkflowTemplate
+CANARY_WORKFLOW = "pd-canary"                  # CronWorkflow
+
+# Environments: overlays/<env>, served in namespace llm-<env>.
+ENVIRONMENTS = ("dev", "staging", "prod")
+ENV_NAMESPACES = {env: f"llm-{env}" for env in ENVIRONMENTS}
+
+# Labels and annotations pdops puts on what it applies (KubeRay copies pod-template labels to pods).
+PART_OF = {"app.kubernetes.io/part-of": "pdops"}
+COLOUR_LABEL = "pdops.dev/colour"
+RELEASE_LABEL = "pdops.dev/release"
+HISTORY_LABEL = "pdops.dev/history-of"
+DIGEST_ANNOTATION = "pdops.dev/digest"
+REVISION_ANNOTATION = "pdops.dev/revision"
+FIELD_MANAGER = "pdops"                        # server-side apply field manager
+LOCK_NAME = "pdops-release"                    # the Lease that keeps two releases of one namespace apart
+
+# Validation's API key comes from this Secret (optional) into this variable, never a parameter.
+API_KEY_ENV = "PDOPS_API_KEY"
+API_KEY_SECRET = {"name": "pdops-validation-api-key", "key": "api-key"}
