@@ -150,21 +150,25 @@ def mann_whitney(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
     return MannWhitney(u, (u - mu) / sd, 1 - _N.cdf(zg), min(1.0, 2 * (1 - _N.cdf(z2))), sd)
 
 
-def _kth_difference(xs: np.ndarray, ys: np.ndarray, k: int) -> float:
-    """The k-th smallest (1-based) of the n1*n2 differences x_i - y_j, both arrays sorted."""
-    if len(xs) * len(ys) <= 2_000_000:
+def _kth_differences(xs: np.ndarray, ys: np.ndarray, ks: list[int]) -> list[float]:
+    """The ks-th smallest (1-based) of the n1*n2 differences x_i - y_j, both arrays sorted."""
+    if len(xs) * len(ys) <= 4_000_000:   # 32 MB of float64; one partition for every k
         d = np.subtract.outer(xs, ys).ravel()
-        return float(np.partition(d, k - 1)[k - 1])
-    lo, hi = xs[0] - ys[-1], xs[-1] - ys[0]
-    for _ in range(200):  # bisection on the value: count(t) = #{x_i - y_j <= t}
-        mid = (lo + hi) / 2
-        if np.searchsorted(xs, ys + mid, side="right").sum() >= k:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-12 * max(1.0, abs(hi)):
-            break
-    return float(hi)
+        part = np.partition(d, sorted({k - 1 for k in ks}))
+        return [float(part[k - 1]) for k in ks]
+    out = []
+    for k in ks:
+        lo, hi = xs[0] - ys[-1], xs[-1] - ys[0]
+        for _ in range(200):  # bisection on the value: count(t) = #{x_i - y_j <= t}
+            mid = (lo + hi) / 2
+            if np.searchsorted(xs, ys + mid, side="right").sum() >= k:
+                hi = mid
+            else:
+                lo = mid
+            if hi - lo <= 1e-12 * max(1.0, abs(hi)):
+                break
+        out.append(float(hi))
+    return out
 
 
 def hodges_lehmann(x: Sequence[float], y: Sequence[float], confidence: float) -> Interval:
@@ -173,13 +177,14 @@ def hodges_lehmann(x: Sequence[float], y: Sequence[float], confidence: float) ->
     xs, ys = np.sort(np.asarray(x, dtype=float)), np.sort(np.asarray(y, dtype=float))
     n1, n2 = len(xs), len(ys)
     nn = n1 * n2
-    mid = (_kth_difference(xs, ys, (nn + 1) // 2) + _kth_difference(xs, ys, nn // 2 + 1)) / 2
     sd = mann_whitney(xs, ys).sd
     k = math.floor(nn / 2.0 - z_of(confidence) * sd)   # P(U < k) ~ 1 - confidence
+    ks = [(nn + 1) // 2, nn // 2 + 1] + ([k, nn + 1 - k] if k >= 1 else [])
+    v = _kth_differences(xs, ys, ks)
+    mid = (v[0] + v[1]) / 2
     if k < 1:
         return Interval(mid, -math.inf, math.inf, confidence, min(n1, n2), "Hodges-Lehmann")
-    return Interval(mid, _kth_difference(xs, ys, k), _kth_difference(xs, ys, nn + 1 - k), confidence,
-                    min(n1, n2), "Hodges-Lehmann")
+    return Interval(mid, v[2], v[3], confidence, min(n1, n2), "Hodges-Lehmann")
 
 
 def shift_ratio(candidate: Sequence[float], stable: Sequence[float], confidence: float) -> Interval:
