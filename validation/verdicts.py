@@ -27,41 +27,52 @@ class Judged:
     detectable: dict
 
 
+def _nums(v) -> list[float] | None:
+    """A list of finite numbers, else None (a report of another shape is judged without samples)."""
+    if not isinstance(v, list) or not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                   and math.isfinite(x) for x in v):
+        return None
+    return v
+
+
 def quantile_samples(b: dict, metric: str, itl_src: str) -> tuple[list[float], list[int] | None] | str:
     """The samples a quantile threshold is judged on, or why there are none."""
-    s = b.get("samples") or {}
+    s = b.get("samples") if isinstance(b.get("samples"), dict) else {}
     if metric == "itl_ms" and b.get("itl_level") == "chunk":
         if itl_src.startswith("server"):
             return "the server's ITL histogram holds no per-request samples"
         metric = "tpot_ms"
     key = metric[:-3]
-    vals = s.get(key)
+    vals = _nums(s.get(key))
     if not vals:
         return "no per-request samples in the bench report"
     if key == "itl":
-        counts = s.get("itl_counts")
-        if not counts or sum(counts) != len(vals):
+        counts = _nums(s.get("itl_counts"))
+        if not counts or any(c < 0 or c != int(c) for c in counts) or sum(counts) != len(vals):
             return "ITL gaps without their per-request counts (a report from before itl_counts)"
-        return vals, counts
+        return vals, [int(c) for c in counts]
     return vals, None
 
 
 def request_samples(b: dict, metric: str) -> list[float] | str:
     """One value per request for a rank test: TTFT, TPOT, or each request's mean ITL gap (the gaps
     of one request are not independent draws). Chunk-level ITL uses TPOT (per token)."""
-    s = b.get("samples") or {}
+    s = b.get("samples") if isinstance(b.get("samples"), dict) else {}
     if metric == "itl_ms" and b.get("itl_level") != "chunk":
-        vals, counts = s.get("itl"), s.get("itl_counts")
-        if not vals or not counts or sum(counts) != len(vals):
+        vals, counts = _nums(s.get("itl")), _nums(s.get("itl_counts"))
+        if not vals or not counts or any(c < 0 or c != int(c) for c in counts) or sum(counts) != len(vals):
             return "no per-request ITL samples with counts"
         arr, out, i = np.asarray(vals, dtype=float), [], 0
-        for c in counts:
+        for c in map(int, counts):
             if c:
                 out.append(float(arr[i:i + c].mean()))
             i += c
-        return out
+        return out or "no request with ITL gaps"
     key = "tpot" if metric == "itl_ms" else metric[:-3]
-    return s.get(key) or f"no per-request {key} samples"
+    vals = _nums(s.get(key))
+    if vals is None or min(vals) <= 0:
+        return f"no per-request {key} samples"
+    return vals
 
 
 def _policy(verdict: str, point_ok: bool, st: Statistics, look: int) -> tuple[bool, str]:

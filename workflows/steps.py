@@ -112,7 +112,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
     `current` re-reads the candidate's endpoint after validation, to see engines that were replaced."""
     from validation import compat as compat_suite
-    from validation import gate, golden, profiles, report
+    from validation import gate, golden, profiles, report, sequential
     from validation.bench import run_bench
 
     progress(f"[validate] compatibility suite against {endpoint.base_url}")
@@ -120,16 +120,19 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     compat = compat_suite.run(endpoint.base_url, spec.model.id, api_key=api_key, optional=policy.optional,
                               api_key_required=policy.api_key_required, progress=progress, timeout=timeout)
     _dump(run / "compat.json", compat)
+    def bench_of(load, warmup: int, seed: int) -> dict:
+        return run_bench(endpoint.base_url, spec.model.id, profiles.get(load.profile),
+                         concurrency=None if load.rate else load.concurrency, rate=load.rate,
+                         requests=load.requests if not load.duration_s else None, duration=load.duration_s,
+                         warmup=warmup, metrics_url=endpoint.metrics_url,
+                         metrics_select=endpoint.metrics_labels or None,
+                         metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
+                         goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
+                         metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout, seed=seed)
+
     benches = []
     for i, load in enumerate(spec.validation.load):
-        bench = run_bench(endpoint.base_url, spec.model.id, profiles.get(load.profile),
-                          concurrency=None if load.rate else load.concurrency, rate=load.rate,
-                          requests=load.requests if not load.duration_s else None, duration=load.duration_s,
-                          warmup=load.warmup_requests, metrics_url=endpoint.metrics_url,
-                          metrics_select=endpoint.metrics_labels or None,
-                          metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
-                          goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
-                          metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout)
+        bench = bench_of(load, load.warmup_requests, 0)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
     matched = None
@@ -147,6 +150,17 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             progress(f"[validate] the stable release's report is unreadable ({stable_report}); no vs-stable check")
     replaced = replaced_engines(endpoint, current()) if current else None
     decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced)
+    look = 1
+    while decision.get("extend"):   # slo.statistics.inconclusive: extend, looks remaining (validation/sequential.py)
+        look += 1
+        for i in decision["extend"]:
+            load = spec.validation.load[i]
+            progress(f"[validate] load #{i} {load.profile} inconclusive: look {look} of "
+                     f"{spec.slo.statistics.max_looks}, the same load again")
+            benches[i] = sequential.merge_bench(benches[i], bench_of(load, 0, look - 1))
+            _dump(run / f"bench-{i}-{load.profile}.json", benches[i])
+        replaced = replaced_engines(endpoint, current()) if current else None
+        decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, look=look)
     try:
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
