@@ -122,6 +122,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.through_fake:
         through_fake(a.through_fake, a)
+    if a.releases <= 0:
+        return 0
     vs = VsStable(ttft_p90=a.factor, tpot_p90=a.factor, itl_p90=a.factor)
     base = dict(kv_transfer="ignored", client_health="ignored", vs_stable=vs)
     slo_old = SLO(**base)
