@@ -152,7 +152,9 @@ def mann_whitney(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
 
 def _kth_differences(xs: np.ndarray, ys: np.ndarray, ks: list[int]) -> list[float]:
     """The ks-th smallest (1-based) of the n1*n2 differences x_i - y_j, both arrays sorted."""
-    if len(xs) * len(ys) <= 4_000_000:   # 32 MB of float64; one partition for every k
+    # all differences and one partition when few; else bisection on the value with O(n log n) counts
+    # (measured here: n=500 per side 66 ms partition vs 13 ms bisection, n=1500 1.1 s vs 51 ms)
+    if len(xs) * len(ys) <= 20_000:
         d = np.subtract.outer(xs, ys).ravel()
         part = np.partition(d, sorted({k - 1 for k in ks}))
         return [float(part[k - 1]) for k in ks]

@@ -171,3 +171,12 @@ def test_statistics_spec_rejects_looks_without_extend():
         Statistics(inconclusive="extend")
     with pytest.raises(ValueError):
         Statistics(confidence=1.0)
+
+
+def test_pairwise_difference_selection_by_bisection_is_exact():
+    rng = np.random.default_rng(2)
+    x, y = np.sort(rng.normal(0, 1, 300)), np.sort(rng.normal(0.2, 1, 250))
+    d = np.sort(np.subtract.outer(x, y).ravel())
+    ks = [1, 1000, 37_500, 37_501, 75_000]
+    got = stats._kth_differences(x, y, ks)   # 75,000 pairs: the bisection path
+    assert got == pytest.approx([d[k - 1] for k in ks], abs=1e-9)
