@@ -186,12 +186,12 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                                              ("itl_p90", "itl_ms", vs.itl_p90)):
                     if factor is None:
                         continue
-                    cs, ss = verdicts.request_samples(b, metric), verdicts.request_samples(s, metric)
+                    chunk = "chunk" in (b.get("itl_level"), s.get("itl_level"))   # then both sides use TPOT
+                    cs, ss = verdicts.request_samples(b, metric, chunk), verdicts.request_samples(s, metric, chunk)
                     if not isinstance(cs, str) and not isinstance(ss, str):
                         j = verdicts.vs_stable(cs, ss, factor, st, look, comparisons)
                         what = {"ttft_ms": "TTFT", "tpot_ms": "TPOT",
-                                "itl_ms": "TPOT (chunk-level ITL)" if b.get("itl_level") == "chunk"
-                                else "per-request mean ITL"}[metric]
+                                "itl_ms": "TPOT (chunk-level ITL)" if chunk else "per-request mean ITL"}[metric]
                         add(f"vs_stable_{name}", j.ok, f"{lab}: {name}: {what} {j.message}", lab,
                             j.detectable["ratio"], factor, j, i)
                         continue

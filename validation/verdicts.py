@@ -54,11 +54,12 @@ def quantile_samples(b: dict, metric: str, itl_src: str) -> tuple[list[float], l
     return vals, None
 
 
-def request_samples(b: dict, metric: str) -> list[float] | str:
+def request_samples(b: dict, metric: str, chunk: bool = False) -> list[float] | str:
     """One value per request for a rank test: TTFT, TPOT, or each request's mean ITL gap (the gaps
-    of one request are not independent draws). Chunk-level ITL uses TPOT (per token)."""
+    of one request are not independent draws). Chunk-level ITL uses TPOT (per token); `chunk`: the
+    other side of the comparison is chunk-level, so both sides use TPOT."""
     s = b.get("samples") if isinstance(b.get("samples"), dict) else {}
-    if metric == "itl_ms" and b.get("itl_level") != "chunk":
+    if metric == "itl_ms" and b.get("itl_level") != "chunk" and not chunk:
         vals, counts = _nums(s.get("itl")), _nums(s.get("itl_counts"))
         if not vals or not counts or any(c < 0 or c != int(c) for c in counts) or sum(counts) != len(vals):
             return "no per-request ITL samples with counts"
