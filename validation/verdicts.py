@@ -83,9 +83,10 @@ def _policy(verdict: str, point_ok: bool, st: Statistics, look: int) -> tuple[bo
         return point_ok, f"; inconclusive, decided by the point estimate ({'within' if point_ok else 'beyond'} " \
                          "the limit; slo.statistics.inconclusive: point_estimate)"
     if st.inconclusive == "extend" and look < st.max_looks:
-        return False, f"; inconclusive at look {look} of {st.max_looks}: more requests needed"
-    return False, "; inconclusive: not proven within the limit, so it fails" + (
-        f" (look {look} of {st.max_looks}, the cap)" if st.inconclusive == "extend" else "")
+        return False, f"; look {look} of {st.max_looks}: more requests needed"
+    return False, "; not proven within the limit, so it fails" + (
+        f" (look {look} of {st.max_looks}, the cap)" if st.inconclusive == "extend" else
+        " (slo.statistics.inconclusive: fail)")
 
 
 def threshold(vals: list[float], clusters: list[int] | None, q: float, limit: float, st: Statistics,
