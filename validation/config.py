@@ -100,8 +100,8 @@ class LoadProfile(_Strict):
     concurrency: Annotated[int, Field(gt=0, le=4096)] | None = 4
     rate: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     # 300: the fewest with which the gate can prove anything by default. A p99 has an upper bound at
-    # 95% only from 299 requests; an unchanged candidate passes vs_stable 1.1x with TTFT spread 0.3
-    # in 95.7% of releases at 300 (81% at 200; scripts/bench_gate.py, README table).
+    # 95% only from 299 requests; an unchanged candidate is rolled back by vs_stable 1.1x (TTFT spread
+    # 0.3) in 3.0% of releases at 300, 17.5% at 200 (scripts/bench_gate.py, README table).
     requests: Annotated[int, Field(gt=0, le=1_000_000)] | None = 300
     duration_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] | None = None
     warmup_requests: int = Field(2, ge=0, le=10_000)
