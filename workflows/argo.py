@@ -128,9 +128,9 @@ def _step(name: str, args: list[str], *, command: list[str] | None = None, check
     )
 
 
-def _gate_script() -> str:
+def _gate_script(extra: str = "") -> str:
     """`pdops gate` (exit 0 promote, 1 rollback, 2 bad input), then export its decision as files."""
-    return ("pdops gate --compat /tmp/in/compat.json --bench /tmp/in/bench.json "
+    return ("pdops gate --compat /tmp/in/compat.json --bench /tmp/in/bench.json " + extra +
             "--release \"overlays/$PDOPS_ENVIRONMENT/release.yaml\" --out /tmp/report "
             "--json /tmp/report/decision.json; rc=$?; "
             "exec pdops workflows gate-outputs --report /tmp/report --exit-code \"$rc\"")
@@ -352,7 +352,9 @@ def build_canary(image: str = STEP_IMAGE):
                                 *METRICS_LAG, "--json", "/tmp/bench.json"],
                       checkout=False, retry=True, inputs=_validation_inputs(), deadline=600,
                       api_key=True, outputs=[Artifact(name="bench", path="/tmp/bench.json")])
-        gate = _step("gate", [_gate_script()], command=["sh", "-c"],
+        # 16 requests prove no p90 (29 needed) nor p99 (299): judged on point estimates, as before the
+        # gate had intervals, so an unprovable check never rolls the stable release back by itself
+        gate = _step("gate", [_gate_script("--inconclusive point_estimate ")], command=["sh", "-c"],
                      inputs=[Artifact(name="compat", path="/tmp/in/compat.json"),
                              Artifact(name="bench", path="/tmp/in/bench.json")],
                      outputs=_gate_outputs("canary-"))

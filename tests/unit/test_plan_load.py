@@ -39,3 +39,23 @@ def test_samples_are_bounded_by_whole_requests(monkeypatch):
     s = metrics.samples(recs)
     assert s["truncated"] == {"requests_kept": 5, "requests": 30, "itl_gaps": 300}
     assert len(s["ttft"]) == 5 and s["itl_counts"] == [10] * 5 and len(s["itl"]) == 50
+
+
+def test_gate_cli_inconclusive_override(tmp_path):
+    """16 requests cannot bound a p90: the spec's default fails it; pd-canary's override decides by
+    the point estimate and says so."""
+    rng = np.random.default_rng(0)
+    ttft = (100 * rng.lognormal(0, 0.3, 16)).tolist()
+    b = {"kind": "bench", "profile": "balanced", "load": {"concurrency": 4}, "requests_ok": 16, "errors": 0,
+         "error_rate": 0.0, "client_health": {"client_bottleneck": False}, "itl_level": "token",
+         "ttft_ms": metrics.summary(ttft), "samples": {"ttft": ttft}}
+    (tmp_path / "bench.json").write_text(json.dumps(b))
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "release.yaml").write_text(
+        "name: pd-llm\nmodel: {id: m, source: s}\nslo: {prefill: {ttft_p90_ms: 1000}, kv_transfer: ignored}\n")
+    (tmp_path / "compat.json").write_text(json.dumps({"ok": True, "passed": 1, "required_failures": [], "cases": []}))
+    args = ["gate", "--compat", str(tmp_path / "compat.json"), "--bench", str(tmp_path / "bench.json"), "--release", str(tmp_path / "env" / "release.yaml")]
+    assert main(args + ["--out", str(tmp_path / "a"), "--json", str(tmp_path / "a.json")]) == 1
+    check = next(c for c in json.loads((tmp_path / "a.json").read_text())["checks"] if c["check"] == "ttft_p90_ms")
+    assert check["verdict"] == "inconclusive" and "16 samples cannot bound a p90" in check["message"]
+    assert main(args + ["--out", str(tmp_path / "b"), "--inconclusive", "point_estimate"]) == 0
