@@ -11,6 +11,7 @@ and decide again with `look + 1` (validation/sequential.py).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from validation import verdicts
@@ -65,8 +66,9 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
             judged: verdicts.Judged | None = None, idx: int | None = None) -> None:
         c = {"check": name, "ok": bool(ok), "bench": bench, "value": value, "limit": limit, "message": msg}
         if judged is not None:
-            c.update(verdict=judged.verdict, interval=list(judged.interval), confidence=judged.confidence,
-                     detectable=judged.detectable)
+            fin = lambda v: v if isinstance(v, float) and math.isfinite(v) else None  # noqa: E731  (JSON: no Infinity)
+            c.update(verdict=judged.verdict, interval=[fin(v) for v in judged.interval], confidence=judged.confidence,
+                     detectable={k: fin(float(v)) for k, v in judged.detectable.items()})
             if judged.verdict == "inconclusive" and st.inconclusive == "extend" and look < st.max_looks:
                 extend.add(idx)
         checks.append(c)

@@ -114,8 +114,9 @@ def vs_stable(cand: list[float], stable: list[float], factor: float, st: Statist
     verdict = "pass" if r.upper <= factor else "fail" if r.lower > factor else "inconclusive"
     ok, note = _policy(verdict, r.estimate <= factor, st, look)
     zz = stats.z_of(conf) + stats.z_of(st.power)
-    se = (math.log(r.upper) - math.log(r.lower)) / (2 * stats.z_of(conf)) if math.isfinite(
-        math.log(r.upper) - math.log(r.lower)) and r.lower > 0 else math.inf
+    # the interval's width gives the standard error of the log shift (too few samples: no bounds)
+    bounded = r.lower > 0 and math.isfinite(r.upper)
+    se = (math.log(r.upper) - math.log(r.lower)) / (2 * stats.z_of(conf)) if bounded else math.inf
     mde = math.exp(zz * se) - 1 if math.isfinite(se) else math.inf
     fails = factor * math.exp(zz * se) - 1 if math.isfinite(se) else math.inf
     msg = (f"shift {r.estimate:.3f}x stable, bounds [{r.lower:.3f}, {r.upper:.3f}] at {conf:.1%} "

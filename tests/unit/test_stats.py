@@ -180,3 +180,14 @@ def test_pairwise_difference_selection_by_bisection_is_exact():
     ks = [1, 1000, 37_500, 37_501, 75_000]
     got = stats._kth_differences(x, y, ks)   # 75,000 pairs: the bisection path
     assert got == pytest.approx([d[k - 1] for k in ks], abs=1e-9)
+
+
+def test_too_few_samples_have_no_bounds_and_the_decision_is_strict_json():
+    import json
+    from validation.config import PrefillSLO
+    cand, st = _release(2, 1.0, same=True)
+    d = decide(COMPAT_OK, [cand], SLO(kv_transfer="ignored", vs_stable=VS, prefill=PrefillSLO(ttft_p90_ms=1e4)), [st])
+    ttft = next(c for c in d["checks"] if c["check"] == "vs_stable_ttft_p90")
+    assert ttft["verdict"] == "inconclusive" and ttft["interval"] == [0.0, None]   # ratio bounds [0, inf)
+    assert "smallest detectable regression +inf" in ttft["message"]
+    json.dumps(d, allow_nan=False)   # no Infinity/NaN for jq or Argo to choke on
