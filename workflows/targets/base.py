@@ -55,6 +55,9 @@ class ReleaseRecord(BaseModel):
     verdict: Verdict = "pending"
     reasons: list[str] = []
     report: str | None = None        # where this release's validation report is (path or artifact)
+    # The benches it was promoted on (slim: summaries, no samples): what `vs_stable` compares later
+    # candidates, and the canary the release itself, with, wherever the report files are.
+    baseline: list[dict] | None = None
     decided_at: float | None = None
 
     @classmethod
@@ -112,8 +115,10 @@ class Target(Protocol):
     def endpoint(self, slot: Literal["stable", "candidate"]) -> Endpoint:
         """How validation and users reach a slot."""
 
-    def promote(self, reasons: list[str], report: str | None, progress: Progress) -> ReleaseRecord:
-        """Candidate takes the stable name; it is recorded as the last good release."""
+    def promote(self, reasons: list[str], report: str | None, progress: Progress, *,
+                baseline: list[dict] | None = None) -> ReleaseRecord:
+        """Candidate takes the stable name; it is recorded as the last good release (with `baseline`,
+        the benches it was promoted on)."""
 
     def rollback(self, reasons: list[str], report: str | None, progress: Progress, *,
                  to_previous: bool = False) -> str:

@@ -288,14 +288,15 @@ class KubernetesTarget:
                               ["run `pdops rollout` (and promote) first"])
         return self._endpoint(slot, record)
 
-    def promote(self, reasons: list[str], report: str | None, progress: Progress) -> ReleaseRecord:
+    def promote(self, reasons: list[str], report: str | None, progress: Progress, *,
+                baseline: list[dict] | None = None) -> ReleaseRecord:
         state = self._state()
         candidate = self._candidate(state)
         if not (self.dry_run and candidate is self._dry_candidate) and self._get("RayService", self._rs_name(candidate)) is None:
             raise TargetError(f"the candidate's RayService {self._rs_name(candidate)} is gone; nothing to promote",
                               ["run `pdops rollback` to record it and check the stable slot"])
         previous = state.stable
-        promoted = self._decided(candidate, "promote", reasons, report)
+        promoted = self._decided(candidate, "promote", reasons, report).model_copy(update={"baseline": baseline})
         state.history, state.stable, state.candidate = appended(state.history, promoted), promoted, None
         self._save(state)  # intent first: rollback re-points the Service if the run dies before the switch
         self._switch(promoted, progress)
