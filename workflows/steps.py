@@ -146,7 +146,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
         raise RunFolderError(run, exc) from exc
-    return {"decision": decision, "report": files, "golden": matched}
+    return {"decision": decision, "report": files, "golden": matched, "benches": benches}
 
 
 def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[dict] | None:
@@ -185,6 +185,9 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
     if record is None:
         raise TargetError(f"no {slot} release to validate",
                           ["run `pdops rollout` first" if slot == "candidate" else "nothing has been promoted yet"])
+    if record.model != spec.model.id:
+        raise TargetError(f"the {slot} slot serves model {record.model}, the overlay's release.yaml names "
+                          f"{spec.model.id}", ["validate with the overlay revision the slot was released from"])
     if digest is not None and record.digest != digest:
         raise TargetError(f"the {slot} slot holds {record.short()}, not the release the overlay renders "
                           f"({digest[7:19]})", ["roll the overlay out first, or validate the revision that is deployed"])

@@ -83,11 +83,17 @@ class TargetStatus(BaseModel):
     last_good: ReleaseRecord | None = None
 
 
-class TargetError(Exception):
-    """The target could not do what was asked (not ready in time, deploy failed, busy). Exit 1."""
+EXIT_TRANSIENT = 75   # sysexits.h EX_TEMPFAIL: "try again later"; the only exit code Argo retries
 
-    def __init__(self, problem: str, details: list[str] | None = None) -> None:
-        self.problem, self.details = problem, list(details or [])
+
+class TargetError(Exception):
+    """The target could not do what was asked (not ready in time, deploy failed, busy). Exit 1.
+
+    `transient`: the target could not be reached or answered 5xx/429 (not a verdict about the
+    release): the CLI exits EXIT_TRANSIENT and the Argo steps retry on that code alone."""
+
+    def __init__(self, problem: str, details: list[str] | None = None, *, transient: bool = False) -> None:
+        self.problem, self.details, self.transient = problem, list(details or []), transient
         super().__init__(self.render())
 
     def render(self) -> str:

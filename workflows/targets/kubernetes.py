@@ -660,7 +660,8 @@ class KubernetesTarget:
             return fn(*args, **kwargs)
         except urllib3.exceptions.HTTPError as exc:
             raise TargetError(f"cannot reach the Kubernetes API at {self.api.configuration.host}: {exc}",
-                              ["check --kubeconfig/--context and that the cluster endpoint is reachable"]) from None
+                              ["check --kubeconfig/--context and that the cluster endpoint is reachable"],
+                              transient=True) from None
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """A CoreV1Api call as plain JSON (the typed models would reject partial objects)."""
@@ -754,7 +755,11 @@ def _api_error(exc: ApiException, what: str, namespace: str) -> TargetError:
     if exc.status == 403:
         details.append("the pd-release Role (kustomize/argo/rbac.yaml) grants what rollout/promote/rollback need in "
                        f"{namespace}; check the ServiceAccount the step runs as")
-    return TargetError(f"Kubernetes API refused to {what} in {namespace}: {exc.status} {exc.reason}", details)
+    # 5xx and 429 are the API server's "try again" (client-go's rest client retries them too);
+    # 0 is no HTTP answer at all. 4xx are answers about the request: retrying changes nothing.
+    transient = exc.status is None or exc.status == 0 or exc.status == 429 or exc.status >= 500
+    return TargetError(f"Kubernetes API refused to {what} in {namespace}: {exc.status} {exc.reason}", details,
+                       transient=transient)
 
 
 def _load_client(kubeconfig: str | None, context: str | None) -> client.ApiClient:
