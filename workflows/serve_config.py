@@ -122,8 +122,13 @@ def _ray_verdict(args: dict[str, Any]) -> RayVerdict:
     if key is not None and (hit := cache.read("ray-verdicts", key, RayVerdict)) is not None:
         return hit
     from pydantic import ValidationError
-    # ~9-16 s on 2 cores: this imports vLLM (and torch) through Ray's LLMConfig.
-    from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
+    try:   # Ray Serve LLM's config models import vLLM (and torch) at import time: ~9-16 s on 2 cores
+        from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
+    except ImportError as exc:
+        from workflows.errors import MissingDependency
+
+        missing = getattr(exc, "name", None) or ("vllm" if "vLLM" in str(exc) else "ray[serve]")
+        raise MissingDependency(missing, "validating the serve config with Ray Serve LLM's own models", exc) from None
 
     try:
         PDServingArgs.model_validate(copy.deepcopy(args))
@@ -149,7 +154,7 @@ def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
     except (ValueError, TypeError, AttributeError, KeyError, OSError) as exc:   # Ray's validators assume shapes
         raise InputError(file, "serveConfigV2.applications[0].args",
                          f"rejected by Ray Serve LLM's PDServingArgs: {exc}") from None
-    if verdict is not None and not verdict.valid:
+    if not verdict.valid:
         field = "serveConfigV2.applications[0].args." + ".".join(str(p) for p in verdict.loc)
         raise InputError(file, field, f"rejected by Ray Serve LLM's PDServingArgs: {verdict.msg}",
                          "fix the release spec field that produces it (README: Release spec)")
