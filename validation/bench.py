@@ -33,8 +33,9 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
                             progress=progress is not None, timeout=timeout)
     scraper = server_metrics.Scraper(metrics_url, metrics_select, metrics_phases, metrics_lag_s)
     if progress:
-        progress(f"[bench] {profile.name}: {'c=' + str(concurrency) if concurrency else f'rate={rate}/s'} "
-                 f"requests={requests} duration={duration} warmup={warmup}")
+        load = f"concurrency {concurrency}" if concurrency else f"{rate:g} requests/s"
+        size = f"{requests} requests" if requests else f"{duration:g} s"
+        progress(f"[bench] {profile.name}: {load}, {size}" + (f", {warmup} warm-up" if warmup else ""))
     started = time.time()
     if warmup:  # before the first scrape, so the server's histograms hold the measured requests only
         loadgen.run(dataclasses.replace(spec, concurrency=1, rate=None, requests=0, duration=None))
@@ -71,5 +72,13 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
         out["samples"] = metrics.samples(res["records"])
     if progress:
         t = m["ttft_ms"]
-        progress(f"[bench] done: ok={m['requests_ok']} errors={m['errors']} TTFT p50={t['p50']} p99={t['p99']}")
+        progress(f"[bench] done: {m['requests_ok']} ok, {m['errors']} errors, TTFT p50 {_ms(t['p50'])} "
+                 f"p99 {_ms(t['p99'])}")
     return out
+
+
+def _ms(value: float | None) -> str:
+    """A latency for a progress line: whole milliseconds, one decimal below 10 ms; '-' when none."""
+    if value is None:
+        return "-"
+    return f"{value:.1f} ms" if value < 10 else f"{value:.0f} ms"
