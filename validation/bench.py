@@ -17,8 +17,10 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               metrics_select: dict[str, list[str]] | None = None,
               metrics_phases: dict[str, dict[str, list[str]]] | None = None,
               progress: Callable[[str], None] | None = None, tokenizer: str | None = None,
-              timeout: float = 600.0, metrics_lag_s: float = 0.0) -> dict:
+              timeout: float = 600.0, metrics_lag_s: float = 0.0, isolate: bool = False) -> dict:
     """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths.
+    `isolate`: the load runs in a process of its own at a higher priority where permitted
+    (loadgen.run_workers), not in the caller's.
     `metrics_lag_s`: how stale `metrics_url` can be (server_metrics.RAY_METRICS_LAG_S for Ray)."""
     if requests is None and duration is None:
         raise ValueError("need requests or duration")
@@ -49,7 +51,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
     gc.collect()
     gc.freeze()
     try:
-        res = loadgen.run_workers(spec, workers) if workers > 1 else loadgen.run(spec)
+        res = loadgen.run_workers(spec, workers, isolate) if workers > 1 or isolate else loadgen.run(spec)
     finally:
         gc.unfreeze()
     m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms, open_loop=bool(rate))

@@ -131,7 +131,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
                           metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout,
-                          tokenizer=endpoint.tokenizer)
+                          tokenizer=endpoint.tokenizer, isolate=True)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
     matched = None
