@@ -96,7 +96,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from workflows.doctor import diagnose
 
     problems = 0
-    for name, ok, detail in diagnose(install_only=args.install):
+    for name, ok, detail in diagnose(install_only=args.install or args.steps, steps=args.steps):
         problems += not ok
         if not (args.quiet and ok):
             print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print only problems")
     p.add_argument("--install", action="store_true",
                    help="only what set-up installs (not the local stack's memory and ports)")
+    p.add_argument("--steps", action="store_true",
+                   help="only what the Argo steps need (the step image: no NIXL, no local stack)")
     p.set_defaults(func=cmd_doctor)
 
     import importlib
