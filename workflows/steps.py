@@ -113,7 +113,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     `stable`: the baseline benches `vs_stable` compares against (`stable_baseline`).
     `current` re-reads the candidate's endpoint after validation, to see engines that were replaced."""
     from validation import compat as compat_suite
-    from validation import gate, golden, profiles, report
+    from validation import gate, golden, profiles, report, traces
     from validation.bench import run_bench
 
     progress(f"[validate] compatibility suite against {endpoint.base_url}")
@@ -123,6 +123,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     _dump(run / "compat.json", compat)
     benches = []
     for i, load in enumerate(spec.validation.load):
+        trace = traces.load(load.trace, load.trace_format, load.time_scale, load.requests) if load.trace else None
         bench = run_bench(endpoint.base_url, spec.model.id, profiles.get(load.profile),
                           concurrency=None if load.rate else load.concurrency, rate=load.rate,
                           requests=load.requests if not load.duration_s else None, duration=load.duration_s,
@@ -130,7 +131,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           metrics_select=endpoint.metrics_labels or None,
                           metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
-                          metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout)
+                          metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout, trace=trace)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
     matched = None
