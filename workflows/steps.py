@@ -108,7 +108,8 @@ def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
 
 def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progress: Progress,
                        reference: list[dict] | None, stable_report: str | None = None,
-                       api_key: str | None = None, current: Callable[[], Endpoint] | None = None) -> dict[str, Any]:
+                       api_key: str | None = None, current: Callable[[], Endpoint] | None = None,
+                       rendered: Rendered | None = None) -> dict[str, Any]:
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
     `current` re-reads the candidate's endpoint after validation, to see engines that were replaced."""
     from validation import compat as compat_suite
@@ -130,6 +131,9 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
                           metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout)
+        if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
+            from validation.cost import bench_cost
+            bench["cost"] = bench_cost(bench, spec, rendered)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
     matched = None
@@ -242,7 +246,7 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
             last_good = target.status().last_good
             result = validate_candidate(endpoint, spec, run, progress, reference,
                                         last_good.report if last_good else None, api_key,
-                                        lambda: target.endpoint("candidate"))
+                                        lambda: target.endpoint("candidate"), rendered)
         except (TargetError, RunFolderError) as exc:
             reasons = ([f"candidate failed on the target: {exc.problem}", *exc.details]
                        if isinstance(exc, TargetError) else [f"validation could not record its results: {exc}"])

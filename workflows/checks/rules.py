@@ -358,3 +358,8 @@ def lint(r: Rendered) -> list[Finding]:
                                     r.kustomization_file(), "",
                                     "correct the value's type (the schema findings name the field)"))
     return findings
+
+
+# Rule families kept in modules of their own register into RULES when imported (after the
+# accessors above exist): zone placement, instance facts, model sizing.
+from workflows.checks import instances as _instances, sizing as _sizing, zone as _zone  # noqa: E402,F401
