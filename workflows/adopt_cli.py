@@ -16,7 +16,8 @@ def _fmt(v: Any, spec: str = ",.0f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def print_size(table: dict[str, Any], out=sys.stdout) -> None:
+def print_size(table: dict[str, Any], out=None) -> None:
+    out = out or sys.stdout
     arch = table["architecture"]
     if arch:
         n = arch["parameters"]
@@ -58,7 +59,8 @@ def cmd_size(args: argparse.Namespace) -> int:
     return 1 if any(f["severity"] == "error" for f in table["findings"]) else 0
 
 
-def print_cost(costs: list[tuple[str, dict[str, Any]]], out=sys.stdout) -> None:
+def print_cost(costs: list[tuple[str, dict[str, Any]]], out=None) -> None:
+    out = out or sys.stdout
     for label, c in costs:
         t = c["throughput"]
         print(f"{label}: {t['input_tokens_per_s']:.1f} input tok/s, {t['output_tokens_per_s']:.1f} output tok/s, "
