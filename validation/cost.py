@@ -104,3 +104,39 @@ def vs_stable_cost(candidate: dict[str, Any], stable: dict[str, Any], factor: fl
     r = c / s
     return ("vs_stable_cost", r <= factor, f"{label}: ${c:.4f} per 1,000 requests is {r:.2f}x stable "
             f"${s:.4f} (limit {factor}x)", label, r, factor)
+
+
+def add_costs(benches: list[dict[str, Any]], overlay: Path) -> str | None:
+    """Price benches that carry no `cost` yet (`pdops gate` on runs of `pdops bench`) on the overlay's
+    nodes. Returns why nothing was priced, or None."""
+    from workflows.errors import InputError
+    from workflows.manifest import render
+
+    todo = [b for b in benches if isinstance(b, dict) and "cost" not in b]
+    if not todo:
+        return None
+    try:
+        rendered = render(Path(overlay), validate_serve_config=False)
+    except InputError as exc:
+        return f"runs not priced: {exc.render()}"
+    assert rendered.spec is not None
+    for b in todo:
+        b["cost"] = bench_cost(b, rendered.spec, rendered)
+    return None
+
+
+def markdown_lines(labels_and_benches: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The report's cost table: total and per phase, for each priced run."""
+    rows = [(lab, name, p) for lab, b in labels_and_benches if (b.get("cost") or {}).get("priced")
+            for name, p in [*b["cost"]["phases"].items(), ("total", b["cost"]["total"])]]
+    if not rows:
+        return []
+    f = lambda v, spec: "-" if v is None else format(v, spec)   # noqa: E731
+    lines = ["## Cost (on-demand, validation/cost.py)", "", FORMULA + ".", "",
+             "| run | phase | nodes | $/hour | $/M input tokens | $/M output tokens | $/1k requests |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for lab, name, p in rows:
+        lines.append(f"| {lab} | {name} | {f(p.get('nodes'), 'g')} | {p['usd_per_hour']:.2f} | "
+                     f"{f(p['usd_per_million_input_tokens'], '.2f')} | {f(p['usd_per_million_output_tokens'], '.2f')} | "
+                     f"{f(p['usd_per_1k_requests'], '.3f')} |")
+    return lines + [""]

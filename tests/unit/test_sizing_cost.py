@@ -115,3 +115,16 @@ def test_vs_stable_gates_on_cost(rendered, fake_bench):
     assert not check["ok"] and check["value"] == pytest.approx(2.0)
     d = decide({"required_failures": []}, [cand], slo.model_copy(update={"vs_stable": VsStable(cost=2.5)}), [stable])
     assert [c["ok"] for c in d["checks"] if c["check"] == "vs_stable_cost"] == [True]
+
+
+def test_gate_prices_runs_on_the_release_overlay_and_reports_cost(tmp_path, fake_bench, monkeypatch):
+    """`pdops gate` (the Kubernetes pipeline's step) prices `pdops bench` runs on the overlay's nodes."""
+    monkeypatch.setenv("PDOPS_SCHEMA_DIR", "/work/shared/schemas")
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(fake_bench))
+    main(["gate", "--bench", str(path), "--release", "overlays/staging/release.yaml", "--out", str(tmp_path / "r")])
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    cost = report["benches"][0]["cost"]
+    assert cost["priced"] and cost["total"]["usd_per_hour"] == pytest.approx(2 * 21.96)
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "## Cost" in summary and "| total | - | 43.92 |" in summary
