@@ -128,3 +128,39 @@ def test_gate_prices_runs_on_the_release_overlay_and_reports_cost(tmp_path, fake
     assert cost["priced"] and cost["total"]["usd_per_hour"] == pytest.approx(2 * 21.96)
     summary = (tmp_path / "r" / "summary.md").read_text()
     assert "## Cost" in summary and "| total | - | 43.92 |" in summary
+
+
+def test_a_release_prices_each_run_on_its_nodes(tmp_path, monkeypatch):
+    """`pdops release` on the fake: the local overlay put on priced CPU nodes (an instance type the
+    spec prices itself); every bench file of the run carries its cost."""
+    import shutil
+
+    import yaml
+
+    from tests.conftest import ROOT
+    from tests.unit.test_release_flow import RecordingTarget, endpoint, run
+
+    monkeypatch.setenv("PDOPS_SCHEMA_DIR", "/work/shared/schemas")
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
+    overlay = tmp_path / "overlays" / "local"
+    shutil.copytree(ROOT / "overlays" / "local", overlay)
+    spec = yaml.safe_load((overlay / "release.yaml").read_text())
+    spec["slo"]["kv_transfer"] = "ignored"
+    spec["validation"]["load"] = [{"profile": "balanced", "concurrency": 2, "requests": 4, "warmup_requests": 0}]
+    spec["cost"] = {"prices": {"m7i.4xlarge": 0.8064}}
+    (overlay / "release.yaml").write_text(yaml.safe_dump(spec))
+    k = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    k["patches"] = [{"target": {"kind": "RayService"}, "patch": yaml.safe_dump({
+        "apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "any"},
+        "spec": {"rayClusterConfig": {"workerGroupSpecs": [
+            {"groupName": g, "template": {"spec": {"nodeSelector": {"node.kubernetes.io/instance-type": "m7i.4xlarge"}}}}
+            for g in ("prefill", "decode")]}}})}]
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(k))
+    with KnownTimingServer(first_token_delay=0.02, inter_token_delay=0.005, tokens=8, model="pdops-tiny") as srv:
+        out, folder = run(overlay, RecordingTarget(endpoint(srv)), tmp_path)
+    assert out["verdict"] == "promote", out["reasons"]
+    cost = json.loads(next(folder.glob("bench-0-*.json")).read_text())["cost"]
+    assert cost["priced"] and cost["total"]["usd_per_hour"] == pytest.approx(2 * 0.8064)
+    assert cost["phases"]["prefill"]["price_source"] == "release.yaml cost.prices"
+    assert "## Cost" in (folder / "summary.md").read_text()
