@@ -238,3 +238,17 @@ def test_sizing_from_a_rendered_manifest_file(rendered, tmp_path):
     path.write_text(rendered("prod").text())
     t = size_table(load_manifest(str(path)))
     assert [p["phase"] for p in t["phases"]] == ["prefill", "decode"] and t["phases"][0]["load_tokens"] is None
+
+
+def test_pinned_tables_are_dated_sourced_and_consistent():
+    from validation.cost import pinned_prices
+
+    types = table()   # every row validated by InstanceType (extra fields refused)
+    for family in ("g5.", "g6.", "g6e.", "p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-b200."):
+        assert any(name.startswith(family) for name in types), family
+    assert all(t.sources or t.note for t in types.values())          # a source, or a note saying it is missing
+    prices = pinned_prices()
+    assert prices["region"] and prices["pinned"]
+    assert set(prices["prices"]) <= set(types) and all(p["source"] for p in prices["prices"].values())
+    for env, it in (("dev", "g6e.12xlarge"), ("staging", "p4d.24xlarge"), ("prod", "p5.48xlarge")):
+        assert it in types and it in prices["prices"], env
