@@ -43,6 +43,8 @@ class VsStable(_Strict):
     ttft_p90: Factor | None = None
     tpot_p90: Factor | None = None
     itl_p90: Factor | None = None
+    # $ per 1,000 requests (validation/cost.py) at most this factor times the stable release's.
+    cost: Factor | None = None
 
 
 class SLO(_Strict):

@@ -174,6 +174,9 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                     r = cv / sv
                     add(f"vs_stable_{name}", r <= factor,
                         f"{lab}: {name} {cv:.1f} ms is {r:.2f}x stable {sv:.1f} ms (limit {factor}x){src}", lab, r, factor)
+                if vs.cost is not None:   # cost gate: computed in validation/cost.py
+                    from validation.cost import vs_stable_cost
+                    add(*vs_stable_cost(b, s, vs.cost, lab))
 
     failed = [c for c in checks if not c["ok"]]
     return {"verdict": "rollback" if failed else "promote",

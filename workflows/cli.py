@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
 
-    for module in ("workflows.release_cli", "workflows.validate_cli", "validation.cli", "workflows.argo"):  # commands owned by those modules
+    for module in ("workflows.release_cli", "workflows.validate_cli", "validation.cli", "workflows.argo",
+                   "workflows.adopt_cli"):  # commands owned by those modules
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module).register(sub)
     return parser

@@ -220,6 +220,9 @@ def render(overlay: Path, validate_serve_config: bool = True) -> Rendered:
     annotations[RELEASE_ANNOTATION] = spec.name
     if spec.model.max_position_embeddings:
         annotations[MAX_POSITIONS_ANNOTATION] = str(spec.model.max_position_embeddings)
+    from workflows import sizing   # the model's shape, so `check -f` can size the release too
+    if (arch := sizing.annotation(spec)):
+        annotations[sizing.ARCH_ANNOTATION] = arch
     rayservice.setdefault("spec", {})["serveConfigV2"] = dump_yaml(serve_config)
     return Rendered(objects=objects, file=str(overlay), spec=spec, overlay=overlay)
 
