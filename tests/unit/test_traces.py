@@ -126,4 +126,6 @@ def test_loadgen_schedules_each_request_at_its_arrival():
                            concurrency=None, requests=len(arrivals), arrivals=arrivals))
     recs = sorted(res["records"], key=lambda r: r["index"])
     assert [round(r["scheduled"], 9) for r in recs] == arrivals and res["mode"] == "open"
-    assert all(r["sent"] >= r["scheduled"] for r in recs)     # never early: the arrival is a lower bound
+    # never early beyond the event loop's timer resolution (libuv timers count whole milliseconds)
+    assert all(r["sent"] >= r["scheduled"] - 0.0015 for r in recs), [(r["sent"], r["scheduled"]) for r in recs]
+    assert recs[3]["sent"] - recs[0]["sent"] >= 0.4 - 0.0015          # the gaps of the trace are kept
