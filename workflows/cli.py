@@ -118,7 +118,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from workflows.doctor import diagnose
 
     problems = 0
-    for name, ok, detail in diagnose(install_only=args.install):
+    for name, ok, detail in diagnose(install_only=args.install or args.steps, steps=args.steps):
         problems += not ok
         if not (args.quiet and ok):
             print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
@@ -174,12 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print only problems")
     p.add_argument("--install", action="store_true",
                    help="only what set-up installs (not the local stack's memory and ports)")
+    p.add_argument("--steps", action="store_true",
+                   help="only what the Argo steps need (the step image: no NIXL, no local stack)")
     p.set_defaults(func=cmd_doctor)
 
     import importlib
     import importlib.util
 
-    for module in ("workflows.release_cli", "workflows.validate_cli", "validation.cli", "workflows.argo"):  # commands owned by those modules
+    for module in ("workflows.release_cli", "workflows.validate_cli", "validation.cli", "workflows.argo",
+                   "workflows.adopt_cli"):  # commands owned by those modules
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module).register(sub)
     return parser

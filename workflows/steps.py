@@ -108,12 +108,13 @@ def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
 
 def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progress: Progress,
                        reference: list[dict] | None, stable: list[dict] | None = None,
-                       api_key: str | None = None, current: Callable[[], Endpoint] | None = None) -> dict[str, Any]:
+                       api_key: str | None = None, current: Callable[[], Endpoint] | None = None,
+                       rendered: Rendered | None = None) -> dict[str, Any]:
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
     `stable`: the baseline benches `vs_stable` compares against (`stable_baseline`).
     `current` re-reads the candidate's endpoint after validation, to see engines that were replaced."""
     from validation import compat as compat_suite
-    from validation import gate, golden, profiles, report
+    from validation import gate, golden, profiles, report, traces
     from validation.bench import run_bench
 
     progress(f"[validate] compatibility suite against {endpoint.base_url}")
@@ -123,6 +124,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     _dump(run / "compat.json", compat)
     benches = []
     for i, load in enumerate(spec.validation.load):
+        trace = traces.load(load.trace, load.trace_format, load.time_scale, load.requests) if load.trace else None
         bench = run_bench(endpoint.base_url, spec.model.id, profiles.get(load.profile),
                           concurrency=None if load.rate else load.concurrency, rate=load.rate,
                           requests=load.requests if not load.duration_s else None, duration=load.duration_s,
@@ -130,8 +132,11 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           metrics_select=endpoint.metrics_labels or None,
                           metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
-                          metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout,
+                          metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
                           tokenizer=endpoint.tokenizer, isolate=True)
+        if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
+            from validation.cost import bench_cost
+            bench["cost"] = bench_cost(bench, spec, rendered)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
     matched = None
@@ -172,7 +177,7 @@ _FETCH = object()   # validate_slot: ask the target for the golden reference
 
 def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progress, *,
                   slot: str = "candidate", digest: str | None = None, reference: Any = _FETCH,
-                  api_key: str | None = None) -> dict[str, Any]:
+                  api_key: str | None = None, rendered: Rendered | None = None) -> dict[str, Any]:
     """Validate what a slot serves with the overlay's `validation` and `slo`: the stage `pdops release`
     runs after rollout, and what the Argo `validate` step (candidate) and pd-canary (stable) run.
 
@@ -203,7 +208,7 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
     endpoint = target.endpoint(slot)  # type: ignore[arg-type]
     progress(f"[validate] {slot} {record.short()} at {endpoint.base_url}")
     result = validate_candidate(endpoint, spec, run, progress, reference, baseline, api_key,
-                                lambda: target.endpoint(slot))  # type: ignore[arg-type]
+                                lambda: target.endpoint(slot), rendered)  # type: ignore[arg-type]
     result["release"] = record.short()
     return result
 
@@ -305,7 +310,7 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
             target.wait_ready(ready_timeout_s, progress)
             progress("[4/5 validate] the candidate serves")
             result = validate_slot(target, spec, run, progress, digest=record.digest, reference=reference,
-                                   api_key=api_key)
+                                   api_key=api_key, rendered=rendered)
         except (TargetError, RunFolderError) as exc:
             reasons = ([f"candidate failed on the target: {exc.problem}", *exc.details]
                        if isinstance(exc, TargetError) else [f"validation could not record its results: {exc}"])
