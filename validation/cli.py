@@ -196,7 +196,11 @@ def cmd_gate(args) -> int:
     if args.inconclusive:
         slo = slo.model_copy(update={"statistics": slo.statistics.model_copy(
             update={"inconclusive": args.inconclusive, "max_looks": 1})})
+    from validation.cost import add_costs
     try:
+        unpriced = add_costs(benches, release.parent)   # $ per run on the overlay's nodes (validation/cost.py)
+        if unpriced:
+            _err(unpriced)
         # one run of each load is all this command has: with inconclusive: extend it judges the
         # last planned look (the confidence is already corrected for max_looks), so unproven fails
         decision = gate.decide(compat, benches, slo, stable, look=slo.statistics.max_looks)

@@ -60,6 +60,8 @@ def request_samples(b: dict, metric: str, chunk: bool = False) -> list[float] | 
     other side of the comparison is chunk-level, so both sides use TPOT."""
     s = b.get("samples") if isinstance(b.get("samples"), dict) else {}
     if metric == "itl_ms" and b.get("itl_level") != "chunk" and not chunk:
+        if _nums(s.get("itl_means")):     # a baseline (see `baseline`)
+            return s["itl_means"]
         vals, counts = _nums(s.get("itl")), _nums(s.get("itl_counts"))
         if not vals or not counts or any(c < 0 or c != int(c) for c in counts) or sum(counts) != len(vals):
             return "no per-request ITL samples with counts"
@@ -74,6 +76,30 @@ def request_samples(b: dict, metric: str, chunk: bool = False) -> list[float] | 
     if vals is None or min(vals) <= 0:
         return f"no per-request {key} samples"
     return vals
+
+
+# A promote records its benches as the baseline later vs_stable checks compare with; the Kubernetes
+# target keeps baselines in its history ConfigMap (1 MiB for 20 records with their manifests), so a
+# baseline keeps only what the rank tests read, at most this many requests per load (a seeded subset:
+# 300 of prod's 500 widens the shift interval by 15%), 0.01 ms: ~5 KB per metric and load.
+BASELINE_REQUESTS = 300
+
+
+def baseline(b: dict) -> dict:
+    """A bench as a baseline: ttft, tpot and each request's mean ITL gap (`itl_means`), ITL gaps dropped."""
+    import random
+
+    s = b.get("samples") if isinstance(b.get("samples"), dict) else None
+    if s is None:
+        return b
+    means = request_samples(b, "itl_ms")
+    out = {"ttft": _nums(s.get("ttft")) or [], "tpot": _nums(s.get("tpot")) or [],
+           "itl_means": means if isinstance(means, list) else []}
+    for k, v in out.items():
+        if len(v) > BASELINE_REQUESTS:
+            v = random.Random(0).sample(v, BASELINE_REQUESTS)
+        out[k] = [round(x, 2) for x in v]
+    return {**b, "samples": out}
 
 
 def _policy(verdict: str, point_ok: bool, st: Statistics, look: int) -> tuple[bool, str]:
