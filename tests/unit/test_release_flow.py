@@ -272,7 +272,9 @@ def test_a_promoted_release_records_its_baseline_and_the_next_candidate_is_compa
     stable = target.stable.model_copy(update={"baseline": target.baseline, "report": "/gone", "verdict": "promote"})
     target.stable = stable
     # a candidate the stable baseline says is 1000x faster than it can be: only vs_stable can fail it
-    faster = [dict(b, ttft_ms={**b["ttft_ms"], "p90": b["ttft_ms"]["p90"] / 1000}) for b in target.baseline]
+    # (its per-request samples too: with samples, vs_stable compares distributions, not p90s)
+    faster = [dict(b, ttft_ms={**b["ttft_ms"], "p90": b["ttft_ms"]["p90"] / 1000},
+                   samples={**b["samples"], "ttft": [v / 1000 for v in b["samples"]["ttft"]]}) for b in target.baseline]
     target.status = lambda: TargetStatus(  # type: ignore[method-assign]
         target="recording", stable=SlotStatus(slot="stable", release=stable, state="ready"),
         candidate=SlotStatus(slot="candidate", release=target.candidate),
