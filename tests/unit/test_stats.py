@@ -191,3 +191,21 @@ def test_too_few_samples_have_no_bounds_and_the_decision_is_strict_json():
     assert ttft["verdict"] == "inconclusive" and ttft["interval"] == [0.0, None]   # ratio bounds [0, inf)
     assert "smallest detectable regression +inf" in ttft["message"]
     json.dumps(d, allow_nan=False)   # no Infinity/NaN for jq or Argo to choke on
+
+
+def test_baseline_keeps_what_the_rank_tests_read_and_stays_small():
+    import json
+    from validation import verdicts
+    rng = np.random.default_rng(9)
+    n, gaps = 500, 63
+    itl = (20 * rng.lognormal(0, 0.15, n)[:, None] * rng.lognormal(0, 0.3, (n, gaps))).ravel()
+    b = _bench(200 * rng.lognormal(0, 0.3, n), 20 * rng.lognormal(0, 0.15, n))
+    b["samples"].update(itl=itl.tolist(), itl_counts=[gaps] * n)
+    base = verdicts.baseline(b)
+    assert set(base["samples"]) == {"ttft", "tpot", "itl_means"}
+    assert all(len(v) == verdicts.BASELINE_REQUESTS for v in base["samples"].values())
+    assert len(json.dumps(base["samples"])) < 25_000          # vs ~600 KB with every ITL gap
+    # the candidate's per-request ITL means are compared with the baseline's: same statistic
+    d = decide(COMPAT_OK, [b], SLO(kv_transfer="ignored", vs_stable=VsStable(itl_p90=1.1)), [base])
+    itl_check = next(c for c in d["checks"] if c["check"] == "vs_stable_itl_p90")
+    assert itl_check["verdict"] == "pass" and "n=500/300" in itl_check["message"]
