@@ -112,3 +112,34 @@ def check(expect: Expect, answer: Answer) -> list[str]:
             if err is not None:
                 out.append(f"choice {c.index}: output does not match output_schema at {err.json_path}: {err.message[:200]}")
     return out
+
+
+def spec_files(validation, release_file: str | Path) -> tuple[list[Path], Path | None]:
+    """The release's `validation.scenarios` and `validation.known_divergences` as paths, each
+    checked now (exists, inside the repository, parses) so a bad file blocks the release before
+    anything is applied. Paths are relative to the release.yaml; the repository is the folder
+    that holds `overlays/`."""
+    from validation.diff import known
+
+    release_file = Path(release_file)
+    base = release_file.parent
+    repo = base.parent.parent.resolve()
+
+    def resolve(rel: str, field: str) -> Path:
+        path = (base / rel).resolve()
+        if not path.is_relative_to(repo):
+            raise InputError(release_file, field, f"{rel} is outside the repository ({repo})",
+                             "keep scenario and known-divergence files in the repository, next to the overlay")
+        if not path.is_file():
+            raise InputError(release_file, field, f"{rel}: no such file (looked for {path})",
+                             "create it or fix the path (relative to this release.yaml)")
+        return path
+
+    paths = [resolve(rel, f"validation.scenarios[{i}]") for i, rel in enumerate(validation.scenarios)]
+    for p in paths:
+        load(p)
+    known_path = None
+    if validation.known_divergences:
+        known_path = resolve(validation.known_divergences, "validation.known_divergences")
+        known.load(known_path)
+    return paths, known_path
