@@ -51,7 +51,8 @@ def _choice(api: Api, raw: dict, delta: bool) -> Choice:
     return Choice(index=raw.get("index", 0), text=text, token_ids=raw.get("token_ids"),
                   finish_reason=raw.get("finish_reason"), stop_reason=raw.get("stop_reason"),
                   logprobs=lp[0] if lp else None, top_logprobs=lp[1] if lp else None,
-                  tool_calls=tools, keys=keys)
+                  tool_calls=tools, prompt_token_ids=raw.get("prompt_token_ids"),
+                  prompt_logprobs=raw.get("prompt_logprobs"), keys=keys)
 
 
 def _error(answer: Answer, data: Any) -> None:
@@ -97,6 +98,8 @@ def _merge(into: Choice | None, part: Choice) -> Choice:
         into.top_logprobs = (into.top_logprobs or []) + (part.top_logprobs or [])
     if part.tool_calls:
         into.tool_calls = (into.tool_calls or []) + part.tool_calls
+    into.prompt_token_ids = into.prompt_token_ids or part.prompt_token_ids
+    into.prompt_logprobs = into.prompt_logprobs or part.prompt_logprobs
     into.keys = sorted(set(into.keys) | set(part.keys))
     return into
 

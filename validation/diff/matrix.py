@@ -106,7 +106,11 @@ def cases() -> list[Case]:
     out += _both("render_only_fields", ["return_token_offsets", "mm_payload", "return_mm_kwargs",
                                         "routed_experts_prompt_start"],
                  return_token_offsets=True, mm_payload="none", routed_experts_prompt_start=0)
+    # A client's own kv_transfer_params: the single engine has no connector and ignores it; a P/D
+    # front end must refuse it or overwrite it, not fail (Ray asserts it is absent).
+    out += _both("kv_transfer_params_from_client", ["kv_transfer_params"], kv_transfer_params={"do_remote_decode": False})
     # -- bad input: both must refuse the same way
+    out += _both("unknown_model", [], model="no-such-model")
     out += _both("negative_max_tokens", [], max_tokens=-1)
     out += _both("max_tokens_over_context", [], max_tokens=5000)
     out += _both("bad_temperature", [], temperature=-1)
@@ -157,8 +161,6 @@ def cases() -> list[Case]:
 
 # Fields with no case, and why. Keys: the API; a field both APIs share is listed under each.
 _BOTH = {
-    "kv_transfer_params": "the P/D transport's own field (Ray's ingress sets it for each leg); a client value "
-                          "steers KV transfer, it is not a generation parameter",
     "ec_transfer_params": "encoder-cache disaggregation of multimodal models; the served model is text-only",
     "vllm_xargs": "arguments for custom logits processors; none is installed on either side",
 }

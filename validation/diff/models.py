@@ -51,6 +51,9 @@ class Choice(BaseModel):
     logprobs: list[tuple[str, float | None]] | None = None
     top_logprobs: list[list[str]] | None = None
     tool_calls: list[Any] | None = None
+    # completions: vLLM puts the prompt's token ids and logprobs on each choice
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: Any = None
     keys: list[str] = []            # fields present in this choice (message fields as message.X)
 
 
