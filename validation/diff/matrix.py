@@ -69,6 +69,9 @@ def cases() -> list[Case]:
     out += _both("min_tokens", ["min_tokens"], min_tokens=4, stop_token_ids=STOP_IDS, max_tokens=16)
     out += _both("ignore_eos", ["ignore_eos"], ignore_eos=True, max_tokens=12)
     out += _both("max_tokens_omitted", [], max_tokens=None, stop_token_ids=STOP_IDS)
+    # A prompt over several KV blocks (vLLM CPU: 128 tokens a block): P/D moves each block.
+    out += cmpl("long_prompt", [], prompt=" ".join([PROMPT] * 50))
+    out += chat("long_prompt", [], messages=[{"role": "user", "content": " ".join([PROMPT] * 50)}])
     # -- logprobs
     out += chat("logprobs", ["logprobs", "top_logprobs"], logprobs=True, top_logprobs=3)
     out += cmpl("logprobs", ["logprobs"], logprobs=3)
