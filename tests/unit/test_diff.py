@@ -185,3 +185,14 @@ def test_a_field_new_in_an_upgraded_package_fails_the_coverage_check():
     fields = matrix.schema_fields()
     fields["chat"]["vllm"] = fields["chat"]["vllm"] | {"brand_new_knob"}
     assert matrix.coverage(fields)["chat"]["unexplained"] == ["brand_new_knob"]
+
+
+def test_the_api_key_reaches_both_sides_and_no_output(tmp_path, capsys, monkeypatch):
+    key = "sk-canary-diff-0123456789"
+    monkeypatch.setenv("PDOPS_TEST_KEY", key)
+    with DiffFake(model=MODEL, api_key=key) as srv:
+        code, report = _run(srv.base_url, srv.base_url, "--api-key-env", "PDOPS_TEST_KEY", "--no-matrix",
+                            "--scenarios", _one_scenario(tmp_path), tmp_path=tmp_path)
+    out = capsys.readouterr()
+    assert code == 0 and report["cases"][0]["candidate"]["answer"]["status"] == 200   # the key was sent
+    assert key not in json.dumps(report) + out.out + out.err
