@@ -46,7 +46,8 @@ def test_a_real_engine_diffed_against_itself_is_all_same(vllm_url, tmp_path):
     # "same" must mostly mean equal tokens, not two equal errors: the sampling, logprobs,
     # structured-output and prompt-form cases are answered by a real engine
     for name in ("chat_greedy", "cmpl_batch_prompts", "chat_logprobs", "cmpl_echo_logprobs", "chat_json_schema",
-                 "chat_n2_seed", "cmpl_stop_token_ids", "chat_tool_named"):
+                 "chat_n2_seed", "cmpl_stop_token_ids", "chat_tool_none", "cmpl_stream_interval",
+                 "chat_continuous_usage", "chat_chat_template_kwargs"):
         assert name in answered, name
     greedy = next(c for c in report["cases"] if c["name"] == "chat_greedy")["candidate"]
     assert len(greedy["answer"]["choices"][0]["token_ids"]) == matrix.MAX_TOKENS
