@@ -6,7 +6,7 @@ import gc
 import time
 from typing import Callable
 
-from validation import loadgen, metrics, profiles, server_metrics
+from validation import loadgen, metrics, profiles, server_metrics, traces
 
 
 def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency: int | None = None,
@@ -17,24 +17,30 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               metrics_select: dict[str, list[str]] | None = None,
               metrics_phases: dict[str, dict[str, list[str]]] | None = None,
               progress: Callable[[str], None] | None = None, tokenizer: str | None = None,
-              timeout: float = 600.0, metrics_lag_s: float = 0.0) -> dict:
+              timeout: float = 600.0, metrics_lag_s: float = 0.0, trace: traces.Trace | None = None) -> dict:
     """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths.
-    `metrics_lag_s`: how stale `metrics_url` can be (server_metrics.RAY_METRICS_LAG_S for Ray)."""
-    if requests is None and duration is None:
+    `metrics_lag_s`: how stale `metrics_url` can be (server_metrics.RAY_METRICS_LAG_S for Ray).
+    `trace`: replay its arrivals and lengths (open loop) instead of the profile at a load."""
+    if trace is not None:
+        concurrency, rate, duration, requests = None, None, None, len(trace.requests)
+    elif requests is None and duration is None:
         raise ValueError("need requests or duration")
-    if (concurrency is None) == (rate is None):
+    elif (concurrency is None) == (rate is None):
         raise ValueError("need exactly one of concurrency or rate")
     spec = loadgen.LoadSpec(base_url=base_url, model=model,
                             make_request=profiles.request_factory(
-                                profile, seed, endpoint, profiles.Tokenizer(tokenizer, endpoint) if tokenizer else None),
+                                profile, seed, endpoint, profiles.Tokenizer(tokenizer, endpoint) if tokenizer else None,
+                                trace.lengths if trace else None),
                             endpoint=endpoint,
                             concurrency=concurrency, rate=rate, poisson=poisson, requests=requests,
                             duration=duration, warmup=warmup, api_key=api_key, seed=seed,
-                            progress=progress is not None, timeout=timeout)
+                            progress=progress is not None, timeout=timeout,
+                            arrivals=trace.arrivals if trace else None)
     scraper = server_metrics.Scraper(metrics_url, metrics_select, metrics_phases, metrics_lag_s)
     if progress:
-        progress(f"[bench] {profile.name}: {'c=' + str(concurrency) if concurrency else f'rate={rate}/s'} "
-                 f"requests={requests} duration={duration} warmup={warmup}")
+        load = (f"trace {trace.name} ({trace.arrivals[-1]:.0f} s)" if trace else
+                f"c={concurrency}" if concurrency else f"rate={rate}/s")
+        progress(f"[bench] {profile.name}: {load} requests={requests} duration={duration} warmup={warmup}")
     started = time.time()
     if warmup:  # before the first scrape, so the server's histograms hold the measured requests only
         loadgen.run(dataclasses.replace(spec, concurrency=1, rate=None, requests=0, duration=None))
@@ -51,7 +57,8 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
         res = loadgen.run_workers(spec, workers) if workers > 1 else loadgen.run(spec)
     finally:
         gc.unfreeze()
-    m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms, open_loop=bool(rate))
+    m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms,
+                        open_loop=bool(rate) or trace is not None)
     server = scraper.after(m["requests_ok"])
     out = {
         "kind": "bench", "base_url": base_url, "model": model, "profile": profile.name,
@@ -59,7 +66,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
                          "distribution": profile.distribution, "spread": profile.spread},
         "load": {"mode": res["mode"], "concurrency": concurrency, "rate": rate, "poisson": poisson,
                  "requests": requests, "duration_s": duration, "warmup": warmup,
-                 "workers": workers},
+                 "workers": workers, "trace": trace.name if trace else None},
         "started_unix": started,
         **m,
         "client_health": res["client_health"],

@@ -194,6 +194,8 @@ class LoadSpec:
     timeout: float = 600.0
     seed: int = 0
     progress: bool = False
+    # A trace's arrival times (s from the start; validation/traces.py): open loop, one request each.
+    arrivals: list[float] | None = None
 
 
 class _Conn(asyncio.Protocol):
@@ -399,7 +401,17 @@ async def run_load(spec: LoadSpec) -> dict:
             raws.append(r)
             return r, payload
 
-        if spec.rate:
+        if spec.arrivals is not None:
+            tasks = []
+            for i, at in enumerate(spec.arrivals):
+                delay = t_start + at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                r, payload = new_raw(i, t_start + at)
+                tasks.append(asyncio.ensure_future(_one(pool, head, payload, r, spec.timeout)))
+            if tasks:
+                await asyncio.gather(*tasks)
+        elif spec.rate:
             tasks = []
             t_next = t_start
             while True:
@@ -434,7 +446,7 @@ async def run_load(spec: LoadSpec) -> dict:
         pool.close()
     records = [parse_record(r, t_start) for r in raws]
     return {"records": records, "client_health": client_health, "wall_s": t_end - t_start, "t0": t_start,
-            "mode": "open" if spec.rate else "closed"}
+            "mode": "open" if spec.rate or spec.arrivals is not None else "closed"}
 
 
 def run(spec: LoadSpec) -> dict:

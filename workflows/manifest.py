@@ -185,11 +185,29 @@ class Rendered:
         return dump_manifest(self.objects)
 
 
+def _with_traces(spec: ReleaseSpec, overlay: Path, spec_file: str) -> ReleaseSpec:
+    """The spec with each `validation.load[].trace` resolved to a checked file that parses, so a
+    missing or damaged trace is a finding of `pdops check`, not a failure mid-validation."""
+    if not any(load.trace for load in spec.validation.load):
+        return spec
+    from validation import traces
+
+    spec = spec.model_copy(deep=True)
+    for i, load in enumerate(spec.validation.load):
+        if load.trace:
+            path = traces.resolve(overlay, load.trace, spec_file, f"validation.load[{i}].trace",
+                                  repository_root(overlay))
+            traces.load(path, load.trace_format, load.time_scale, load.requests)
+            load.trace = str(path)
+    return spec
+
+
 def render(overlay: Path, validate_serve_config: bool = True) -> Rendered:
     overlay = Path(overlay)
     spec = load_spec(overlay)
     serve_config = build_serve_config(spec)
     spec_file = str(overlay / SPEC_FILE)
+    spec = _with_traces(spec, overlay, spec_file)
     if validate_serve_config:
         validate_with_ray(serve_config, spec_file)
     objects = kustomize_build(overlay)
@@ -202,6 +220,9 @@ def render(overlay: Path, validate_serve_config: bool = True) -> Rendered:
     annotations[RELEASE_ANNOTATION] = spec.name
     if spec.model.max_position_embeddings:
         annotations[MAX_POSITIONS_ANNOTATION] = str(spec.model.max_position_embeddings)
+    from workflows import sizing   # the model's shape, so `check -f` can size the release too
+    if (arch := sizing.annotation(spec)):
+        annotations[sizing.ARCH_ANNOTATION] = arch
     rayservice.setdefault("spec", {})["serveConfigV2"] = dump_yaml(serve_config)
     return Rendered(objects=objects, file=str(overlay), spec=spec, overlay=overlay)
 

@@ -117,13 +117,14 @@ def check(expect: Expect, answer: Answer) -> list[str]:
 def spec_files(validation, release_file: str | Path) -> tuple[list[Path], Path | None]:
     """The release's `validation.scenarios` and `validation.known_divergences` as paths, each
     checked now (exists, inside the repository, parses) so a bad file blocks the release before
-    anything is applied. Paths are relative to the release.yaml; the repository is the folder
-    that holds `overlays/`."""
+    anything is applied. Paths are relative to the release.yaml (as traces are); the repository
+    is workflows.manifest.repository_root (the folder holding kustomize/)."""
     from validation.diff import known
+    from workflows.manifest import repository_root
 
     release_file = Path(release_file)
     base = release_file.parent
-    repo = base.parent.parent.resolve()
+    repo = repository_root(base)
 
     def resolve(rel: str, field: str) -> Path:
         path = (base / rel).resolve()
