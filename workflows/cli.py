@@ -64,9 +64,31 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_changed(args: argparse.Namespace) -> int:
+    """`check --changed FILE...`: every overlay those files affect (workflows/changed.py); the worst exit."""
+    from workflows.changed import affected_overlays
+
+    if args.overlay or args.file:
+        raise InputError("", "check --changed", "takes changed files, not an overlay or -f FILE",
+                         "pass either an overlay or --changed FILE...")
+    overlays = affected_overlays(args.changed)
+    if not overlays:
+        print(f"no overlay is affected by the {len(args.changed)} changed file(s)")
+    code = 0
+    for overlay in overlays:
+        try:
+            code = max(code, cmd_check(argparse.Namespace(**{**vars(args), "overlay": str(overlay), "changed": None})))
+        except InputError as exc:   # one broken overlay: still check the others
+            print(f"error: {exc.render()}", file=sys.stderr)
+            code = 2
+    return code
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from workflows.steps import blocking, check_rendered, load_release
 
+    if getattr(args, "changed", None) is not None:
+        return cmd_check_changed(args)
     started = time.perf_counter()
     rendered = load_release(args.overlay, args.file)
     findings = check_rendered(rendered, _schema_dir(args))
@@ -134,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overlay", nargs="?", help="overlay directory (or a rendered manifest file)")
     p.add_argument("-f", "--file", help="a rendered manifest file, '-' for stdin")
     p.add_argument("--json", action="store_true", help="machine-readable findings on stdout")
+    p.add_argument("--changed", nargs="*", metavar="FILE",
+                   help="check every overlay these changed files affect (the pre-commit hook; README: Pre-commit hook)")
     schema_flag(p)
     p.set_defaults(func=cmd_check)
 

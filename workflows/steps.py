@@ -134,7 +134,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           metrics_select=endpoint.metrics_labels or None,
                           metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
-                          metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout, trace=trace)
+                          metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
+                          tokenizer=endpoint.tokenizer, isolate=True)
         if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from validation.cost import bench_cost
             bench["cost"] = bench_cost(bench, spec, rendered)
