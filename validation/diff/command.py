@@ -8,6 +8,7 @@ Exit 0 when no case differs unexpectedly, 1 when one does (or a case could not b
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -81,7 +82,7 @@ def register(sub) -> None:
     from validation.cli import _http_url, _output_file, _positive
 
     p = sub.add_parser("diff", help="differential suite: the candidate vs a single-engine reference, request by request",
-                       description=__doc__.split("\n\n", 1)[0])
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", required=True, type=_http_url, help="the candidate, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--reference-url", required=True, type=_http_url,
                    help="one plain (non-disaggregated) engine of the same model, e.g. http://127.0.0.1:8001/v1")
