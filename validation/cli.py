@@ -261,6 +261,9 @@ def register(sub) -> None:
     p.add_argument("--json", type=_output_file, help="also write the decision JSON here")
     p.set_defaults(func=cmd_gate)
 
+    from validation.diff.command import register as register_diff  # `pdops diff` (validation/diff/)
+    register_diff(sub)
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pdops-validation")

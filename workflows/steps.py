@@ -109,10 +109,12 @@ def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
 def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progress: Progress,
                        reference: list[dict] | None, stable: list[dict] | None = None,
                        api_key: str | None = None, current: Callable[[], Endpoint] | None = None,
-                       rendered: Rendered | None = None) -> dict[str, Any]:
+                       rendered: Rendered | None = None, reference_url: str | None = None,
+                       release_file: Path | None = None) -> dict[str, Any]:
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
     `stable`: the baseline benches `vs_stable` compares against (`stable_baseline`).
-    `current` re-reads the candidate's endpoint after validation, to see engines that were replaced."""
+    `current` re-reads the candidate's endpoint after validation, to see engines that were replaced.
+    `reference_url`: a single-engine reference serving during validation (pdops diff runs against it)."""
     from validation import compat as compat_suite
     from validation import gate, golden, profiles, report, traces
     from validation.bench import run_bench
@@ -146,13 +148,24 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                                  spec.validation.golden_max_tokens, api_key, timeout)
         matched = golden.compare(reference, answers)
         _dump(run / "golden.json", matched)
+    # -- pdops diff (validation/diff/release.py): P/D vs the single-engine reference, request by request
+    diffed = None
+    if reference_url and spec.validation.diff and release_file is not None:
+        from validation.diff.release import for_release
+
+        progress(f"[validate] differential suite: candidate vs single-engine reference {reference_url}")
+        try:
+            diffed = for_release(endpoint.base_url, reference_url, spec, release_file, run, progress, api_key)
+        except OSError as exc:
+            raise RunFolderError(run / "diff.json", exc) from exc
+    # -- end pdops diff
     replaced = replaced_engines(endpoint, current()) if current else None
-    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced)
+    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed)
     try:
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
         raise RunFolderError(run, exc) from exc
-    return {"decision": decision, "report": files, "golden": matched, "benches": benches}
+    return {"decision": decision, "report": files, "golden": matched, "benches": benches, "diff": diffed}
 
 
 def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[dict] | None:
