@@ -77,3 +77,23 @@ def test_the_gate_blocks_an_unexpected_divergence_and_passes_a_known_one(overlay
     assert check["ok"] is verdict_ok, check["message"]
     assert ("3 known, 0 differ" if verdict_ok else "0 known, 3 differ") in check["message"]
     assert (run / "diff.json").exists() and "scenario:batch" in (run / "diff.md").read_text()
+
+
+def test_the_release_runs_golden_tokens_and_the_diff_on_one_reference_the_target_serves(overlay, tmp_path, monkeypatch):
+    """`pdops release` end to end on a recording target (tests/unit/test_release_flow.py): the target's
+    reference server is entered once, after the loads; golden answers and the differential suite
+    both come from it, and an unexpected divergence rolls the candidate back."""
+    from tests.unit.test_release_flow import RecordingTarget
+
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    with DiffFake(model="pdops-tiny") as ref, DiffFake(model="pdops-tiny", plant=Plant(wrong_tokens_on_prompt=1)) as cand:
+        target = RecordingTarget(Endpoint(base_url=cand.base_url))
+        target.reference_url = ref.base_url
+        run = steps.new_run_dir(tmp_path / "runs", "local")
+        out = steps.release(overlay, target, run, lambda m: None, revision="test")
+    assert out["verdict"] == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
+    assert target.reference_servers == 1
+    assert any("differ" in r for r in out["reasons"]), out["reasons"]
+    golden = json.loads((run / "golden.json").read_text())   # chat prompts: the planted batch bug spares them
+    assert len(golden["cases"]) == 4 and all(c["ok"] for c in golden["cases"]), golden
+    assert (run / "diff.json").exists()

@@ -139,6 +139,11 @@ class Target(Protocol):
     def history(self) -> list[ReleaseRecord]:
         """Decided releases, oldest first."""
 
+    def reference_server(self, record: ReleaseRecord, progress: Progress) -> AbstractContextManager[str | None]:
+        """A single non-disaggregated engine of the record's model serving while the block runs: its
+        OpenAI base URL, or None where this target cannot run one. Golden tokens and `pdops diff`
+        share it."""
+
     def reference(self, record: ReleaseRecord, prompts: list[str], max_tokens: int,
                   progress: Progress) -> list[dict] | None:
         """Answers of one non-disaggregated engine of the record's model to `prompts` (greedy, token
