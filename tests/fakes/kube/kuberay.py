@@ -67,6 +67,7 @@ class FakeKubeRay:
     terminating: dict[str, int] = field(default_factory=dict)
     pod_ips: dict[tuple[str, str], str] = field(default_factory=dict)
     error: BaseException | None = None
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineApp keywords, e.g. longer streams
 
     def __post_init__(self) -> None:
         self.store.listeners.append(self._changed)
@@ -174,7 +175,7 @@ class FakeKubeRay:
                 pods[name] = self._bind(ns, pod, mode == "stuck" and pod["metadata"]["labels"]["ray.io/node-type"] == "worker")
         running = running and all((p.get("status") or {}).get("podIP") for p in pods.values())  # Serve starts once every pod runs
         if running and cluster.app is None:
-            cluster.app = EngineApp(cluster.model)
+            cluster.app = EngineApp(cluster.model, **self.engine)
         for pod in pods.values():
             await self._pod_state(ns, cluster, pod, running, mode)
         if cluster.tick >= 2 and not running and mode != "fail" or 2 <= cluster.tick < self.ticks_to_ready:
