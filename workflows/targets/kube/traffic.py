@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from validation.server_metrics import parse, scrape, sources
 from workflows.names import COLOUR_LABEL
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord
 from workflows.targets.kube import objects as obj
@@ -46,20 +47,36 @@ def worker_metrics(kube: Kube, record: ReleaseRecord) -> str | None:
     return ",".join(urls) or None
 
 
+def engine_replicas(metrics_url: str | None, timeout_s: float = 3.0) -> dict[str, dict[str, list[str]]]:
+    """Per phase, the Serve ReplicaIds the worker pods' engines export under (validation compares them
+    before and after a run to see engines that were replaced). Empty when the pods cannot be reached
+    (a CLI outside the cluster network)."""
+    out: dict[str, set[str]] = {}
+    for src in sources(metrics_url):
+        try:
+            samples = parse(scrape(src.url, timeout_s))
+        except Exception:  # noqa: BLE001 - unreachable from here: no replica identities, not an error
+            return {}
+        ids = {dict(labels).get("ReplicaId") for name, labels, _ in samples if name.startswith("ray_vllm")}
+        out.setdefault(src.phase or "engine", set()).update(i for i in ids if i)
+    return {phase: {"ReplicaId": sorted(ids)} for phase, ids in out.items() if ids}
+
+
 def endpoint(kube: Kube, slot: str, record: ReleaseRecord, lag_s: float) -> Endpoint:
     ns = kube.namespace
     metrics = worker_metrics(kube, record)
+    phases = engine_replicas(metrics)
     if slot == "stable":
         service = obj.only(record, "Service")
         port = (service["spec"].get("ports") or [{"port": 8000}])[0]["port"]
         return Endpoint(base_url=f"http://{service['metadata']['name']}.{ns}.svc.cluster.local:{port}/v1",
-                        metrics_url=metrics, metrics_lag_s=lag_s)
+                        metrics_url=metrics, metrics_phases=phases, metrics_lag_s=lag_s)
     # KubeRay names a RayService's serve Service <name>-serve-svc (utils.GenerateServeServiceName).
     rayservice = obj.only(record, "RayService")
     containers = rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"]
     port = next((p["containerPort"] for p in containers[0].get("ports") or [] if p.get("name") == "serve"), 8000)
     return Endpoint(base_url=f"http://{obj.rs_name(record)}-serve-svc.{ns}.svc.cluster.local:{port}/v1",
-                    metrics_url=metrics, metrics_lag_s=lag_s)
+                    metrics_url=metrics, metrics_phases=phases, metrics_lag_s=lag_s)
 
 
 def endpoint_colours(kube: Kube, service: str) -> tuple[set[str], int]:
