@@ -45,3 +45,21 @@ def test_a_conflict_while_recording_the_promote_changes_nothing_and_the_next_run
     target(cluster).promote(["gate: promote"], None, Lines())
     assert selector(cluster)["pdops.dev/colour"] == "green"
     assert [(r["revision"][0], r["verdict"]) for r in history(cluster)] == [("a", "promote"), ("b", "promote")]
+
+
+def test_pdops_steps_run_as_subprocesses_against_the_cluster_through_its_kubeconfig(cluster, manifests):
+    """What the Argo execution tier does: `pdops <step>` in its own process with KUBECONFIG set."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    release(target(cluster), record(manifests))
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PYTHONPATH": str(ROOT)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    out = subprocess.run([sys.executable, "-m", "workflows.cli", "status", "--target", "kubernetes", "--namespace", LOCAL_NS, "--json"],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)
+    assert status["stable"]["state"] == "ready" and status["stable"]["release"]["colour"] == "blue"
