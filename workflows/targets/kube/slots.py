@@ -16,6 +16,9 @@ from workflows.targets.kube import objects as obj
 from workflows.targets.kube import traffic
 
 
+DRAIN_TIMEOUT_S = 300.0  # endpoints follow a selector change in seconds; longer means the new colour is not serving
+
+
 class Slots:
     kube: Any
     dry_run: bool
@@ -170,7 +173,7 @@ class Slots:
     def _retire(self, old: ReleaseRecord, new: ReleaseRecord, progress: Progress) -> None:
         """Delete the old colour once the Service routes to the new one only, after a grace period."""
         if not self.dry_run and not traffic.drain(self.kube, obj.service_name(new), new.colour, self.drain_grace_s,
-                                                  self.restore_timeout_s, self.poll_s, progress):
+                                                  min(self.restore_timeout_s, DRAIN_TIMEOUT_S), self.poll_s, progress):
             progress(f"[promote] kept {obj.rs_name(old)}: users may still reach it; the next rollout or "
                      "`pdops rollback` removes it")
             return

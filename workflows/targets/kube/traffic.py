@@ -47,7 +47,7 @@ def worker_metrics(kube: Kube, record: ReleaseRecord) -> str | None:
     return ",".join(urls) or None
 
 
-def engine_replicas(metrics_url: str | None, timeout_s: float = 3.0) -> dict[str, dict[str, list[str]]]:
+def engine_replicas(metrics_url: str | None, timeout_s: float = 2.0) -> dict[str, dict[str, list[str]]]:
     """Per phase, the Serve ReplicaIds the worker pods' engines export under (validation compares them
     before and after a run to see engines that were replaced). Empty when the pods cannot be reached
     (a CLI outside the cluster network)."""
