@@ -86,7 +86,8 @@ def selector(cluster, ns: str = LOCAL_NS) -> dict:
 
 def node(name: str, phase: str, gpus: int, cpu: str = "48", memory: str = "384Gi", **extra) -> dict:
     return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"node.kubernetes.io/instance-type": "g6e.12xlarge", "pdops.dev/phase": phase}},
+            "metadata": {"name": name, "labels": {"node.kubernetes.io/instance-type": "g6e.12xlarge", "pdops.dev/phase": phase,
+                                                 "topology.kubernetes.io/zone": "us-east-1a"}},
             "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": cpu, "memory": memory, "pods": "110", **extra},
                        "conditions": [{"type": "Ready", "status": "True"}]}}
 

@@ -34,13 +34,14 @@ def itl_source(b: dict) -> tuple[dict | None, str]:
 
 def bench_label(b: dict, i: int) -> str:
     load = b.get("load") or {}
-    lvl = f"c={load['concurrency']}" if load.get("concurrency") else (f"rate={load['rate']}" if load.get("rate") else "")
+    lvl = (f"c={load['concurrency']}" if load.get("concurrency") else f"rate={load['rate']}" if load.get("rate")
+           else f"trace={load['trace']}" if load.get("trace") else "")
     return f"#{i} {b.get('profile', '?')} {lvl}".strip()
 
 
 def _key(b: dict) -> tuple:
     load = b.get("load") or {}
-    return (b.get("profile"), load.get("concurrency"), load.get("rate"))
+    return (b.get("profile"), load.get("concurrency"), load.get("rate"), load.get("trace"))
 
 
 def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None,
@@ -173,6 +174,9 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                     r = cv / sv
                     add(f"vs_stable_{name}", r <= factor,
                         f"{lab}: {name} {cv:.1f} ms is {r:.2f}x stable {sv:.1f} ms (limit {factor}x){src}", lab, r, factor)
+                if vs.cost is not None:   # cost gate: computed in validation/cost.py
+                    from validation.cost import vs_stable_cost
+                    add(*vs_stable_cost(b, s, vs.cost, lab))
 
     failed = [c for c in checks if not c["ok"]]
     return {"verdict": "rollback" if failed else "promote",

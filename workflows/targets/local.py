@@ -27,12 +27,13 @@ import yaml
 from pydantic import BaseModel
 
 from validation.server_metrics import RAY_METRICS_LAG_S
+from workflows.errors import InputError
 from workflows.manifest import find, serve_config_of
-from workflows.serve_config import IMPORT_PATH
+from workflows.serve_config import IMPORT_PATH, app_args
 from workflows.targets.base import (Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus,
                                     appended, last_good, other_colour)
 from workflows.targets.local_stack import HOST, LocalRay, Ports, ReferenceEngine
-from workflows.tiny_model import resolve_source
+from workflows.tiny_model import SCHEME, model_dir, resolve_source
 
 ROUTES = {"stable": "/", "candidate": "/candidate"}
 # Colocated slots must not share NIXL side-channel ports (Ray's defaults: prefill 20000, decode 22000).
@@ -123,6 +124,22 @@ def slot_application(record: ReleaseRecord, slot: Literal["stable", "candidate"]
         config.setdefault("experimental_configs", {})["NIXL_SIDE_CHANNEL_PORT_BASE"] = \
             base + NIXL_COLOUR_OFFSET[record.colour]
     return app
+
+
+def served_tokenizer(record: ReleaseRecord) -> str | None:
+    """The tokenizer directory of the model the record serves, when it is on this machine (the
+    tiny model, a local path); None for a hub id or a model not built yet (nothing is built here)."""
+    try:
+        rayservice = find([o for o in yaml.safe_load_all(record.manifest) if o], "RayService")[0]
+        decode = app_args(serve_config_of(rayservice)).get("decode_config") or {}
+        source = str((decode.get("model_loading_config") or {}).get("model_source") or "")
+    except (yaml.YAMLError, IndexError, AttributeError):
+        return None
+    try:
+        path = model_dir(source.removeprefix(SCHEME)) if source.startswith(SCHEME) else Path(source)
+    except InputError:
+        return None
+    return str(path) if source and (path / "tokenizer_config.json").is_file() else None
 
 
 class LocalTarget:
@@ -255,7 +272,7 @@ class LocalTarget:
                   for phase in ("prefill", "decode") if name.lower().startswith(phase + ":")}
         return Endpoint(base_url=f"http://{HOST}:{self.ports.serve}{prefix}/v1", metrics_url=self.ray.metrics_url,
                         metrics_labels={"ReplicaId": replicas} if replicas else {}, metrics_phases=phases,
-                        metrics_lag_s=RAY_METRICS_LAG_S)
+                        metrics_lag_s=RAY_METRICS_LAG_S, tokenizer=served_tokenizer(record) if record else None)
 
     # -- the protocol ------------------------------------------------------------------------------
     def apply(self, record: ReleaseRecord, progress: Progress) -> ReleaseRecord:
@@ -310,12 +327,13 @@ class LocalTarget:
         self._wait(candidate, timeout_s, progress, "rollout")
         return self.endpoint("candidate")
 
-    def promote(self, reasons: list[str], report: str | None, progress: Progress) -> ReleaseRecord:
+    def promote(self, reasons: list[str], report: str | None, progress: Progress, *,
+                baseline: list[dict] | None = None) -> ReleaseRecord:
         slots = self._slots()
         if slots.candidate is None:
             raise TargetError("no candidate to promote", ["run `pdops release` (or `pdops rollout`) first"])
         promoted = slots.candidate.model_copy(update={"verdict": "promote", "reasons": reasons, "report": report,
-                                                      "decided_at": time.time()})
+                                                      "baseline": baseline, "decided_at": time.time()})
         self._record(promoted)  # history first: the promoted release is recoverable before it serves
         self._save(_Slots(stable=promoted))
         progress(f"[promote] {promoted.short()} ({promoted.colour}) now serves at {ROUTES['stable']}")

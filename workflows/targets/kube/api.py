@@ -35,10 +35,13 @@ class ApiError(TargetError):
     def __init__(self, status: int, reason: str, what: str, namespace: str, message: str) -> None:
         self.status, self.reason, self.message = status, reason, message
         details = [message]
+        # 5xx and 429 are the API server's "try again" (client-go's rest client retries them too);
+        # 0 is no HTTP answer at all. 4xx are answers about the request: retrying changes nothing.
+        transient = status in (0, 429) or status >= 500
         if status == 403:
             details.append("the pd-release Role (kustomize/argo/rbac.yaml) grants what rollout/promote/rollback need in "
                            f"{namespace}; check the ServiceAccount the step runs as")
-        super().__init__(f"Kubernetes API refused to {what} in {namespace}: {status} {reason}", details)
+        super().__init__(f"Kubernetes API refused to {what} in {namespace}: {status} {reason}", details, transient=transient)
 
 
 class NotFound(ApiError):
@@ -83,7 +86,8 @@ class Kube:
             response.read()
         except urllib3.exceptions.HTTPError as exc:
             raise TargetError(f"cannot reach the Kubernetes API at {self.api.configuration.host}: {exc}",
-                              ["check --kubeconfig/--context and that the cluster endpoint is reachable"]) from None
+                              ["check --kubeconfig/--context and that the cluster endpoint is reachable"],
+                              transient=True) from None
         except ApiException as exc:
             raise self._error(exc.status, exc.reason, exc.body, what or f"{method.lower()} {kind}/{name or ''}") from None
         if not 200 <= response.status <= 299:

@@ -41,8 +41,10 @@ def _cut(text: str) -> str:
 
 
 def _slim(record: ReleaseRecord, keep_manifest: bool) -> ReleaseRecord:
+    """Reasons cut; manifest and bench baseline kept only where the record can be redeployed or compared with."""
     return record.model_copy(update={"reasons": [_cut(r) for r in record.reasons],
-                                     "manifest": record.manifest if keep_manifest else ""})
+                                     "manifest": record.manifest if keep_manifest else "",
+                                     "baseline": record.baseline if keep_manifest else None})
 
 
 def encode(state: State, budget: int = BUDGET) -> dict[str, str]:

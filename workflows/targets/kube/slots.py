@@ -65,14 +65,15 @@ class Slots:
             self._dry_candidate = candidate
         return candidate
 
-    def promote(self, reasons: list[str], report: str | None, progress: Progress) -> ReleaseRecord:
+    def promote(self, reasons: list[str], report: str | None, progress: Progress, *,
+                baseline: list[dict] | None = None) -> ReleaseRecord:
         state = self._state()
         candidate = self._candidate(state)
         if not (self.dry_run and candidate is self._dry_candidate) and self.kube.get("RayService", obj.rs_name(candidate)) is None:
             raise TargetError(f"the candidate's RayService {obj.rs_name(candidate)} is gone; nothing to promote",
                               ["run `pdops rollback` to record it and check the stable slot"])
         previous = state.stable
-        promoted = _decided(candidate, "promote", reasons, report)
+        promoted = _decided(candidate, "promote", reasons, report).model_copy(update={"baseline": baseline})
         state.history, state.stable, state.candidate = appended(state.history, promoted), promoted, None
         self._save(state)  # intent first: rollback re-points the Service if the run dies before the switch
         self._switch(promoted, progress)
