@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client
 
 from tests.conftest import SCHEMAS
-from tests.kube_support import (DEV_NS, KUBERAY_AGENT, LOCAL_NS, Lines, cluster, live, manifests, selector)  # noqa: F401
-from tests.kube_support import gpu_nodes
-from tests.kube_support import eventually as _eventually, history as _history, node as _node, record as _record
+from tests.kube_support import DEV_NS, LOCAL_NS, Lines, cluster, gpu_nodes, live, manifests  # noqa: F401
+from tests.kube_support import eventually as _eventually, history as _history, record as _record
 from tests.kube_support import release as _release, target as _target
-from pathlib import Path
 from workflows.checks.schema import validate_objects
 from workflows.targets.base import TargetError
 

@@ -21,8 +21,7 @@ from typing import Literal
 from kubernetes import client, config
 
 from validation.server_metrics import RAY_METRICS_LAG_S
-from workflows.targets.base import (Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, appended,
-                                    last_good, other_colour)
+from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
 from workflows.targets.kube import objects as obj
 from workflows.targets.kube import traffic
 from workflows.targets.kube.api import Kube
