@@ -17,12 +17,11 @@ import time
 from typing import Any
 
 from validation.server_metrics import parse, scrape, sources
-from workflows.names import COLOUR_LABEL
+from workflows.names import COLOUR_LABEL, PHASE_LABEL
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord
 from workflows.targets.kube import objects as obj
 from workflows.targets.kube.api import Kube
 
-PHASE_LABEL = "pdops.dev/phase"
 
 
 def _metrics_port(rayservice: dict[str, Any], group: str) -> int:
