@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -67,7 +68,7 @@ class KubernetesTarget(Slots):
             yield
             return
         lock = ReleaseLock(self.kube, f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}", self.lease_s, min(self.poll_s, 1.0))
-        lock.acquire(lambda line: None)
+        lock.acquire(lambda line: print(line, file=sys.stderr, flush=True))  # session() has no progress; a takeover waits minutes
         self._lock = lock
         try:
             yield
