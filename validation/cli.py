@@ -333,6 +333,9 @@ def register(sub) -> None:
                         "check of the stable release acts only on what it measured)")
     p.set_defaults(func=cmd_gate)
 
+    from validation.diff.command import register as register_diff  # `pdops diff` (validation/diff/)
+    register_diff(sub)
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pdops-validation")

@@ -132,6 +132,11 @@ class CompatPolicy(_Strict):
     api_key_required: bool = False
 
 
+# A file in the repository, relative to the release.yaml that names it (checked to exist by
+# validation.diff.spec_files when the spec is loaded).
+RepoFile = Annotated[str, Field(min_length=1, max_length=300, pattern=r"^[A-Za-z0-9_.-][A-Za-z0-9_./-]*$")]
+
+
 class Validation(_Strict):
     load: list[LoadProfile] = Field([LoadProfile()], min_length=1, max_length=16)
     compat: CompatPolicy = CompatPolicy()
@@ -140,3 +145,10 @@ class Validation(_Strict):
     # Longest wait for one validation request, first byte to last: a candidate that hangs
     # mid-stream costs the release this long per request, then counts as an error.
     request_timeout_s: Annotated[float, Field(gt=0, le=3_600, allow_inf_nan=False)] = 120.0
+    # `pdops diff` in the release: the team's own scenarios (JSONL, one request body per line,
+    # optional `name` and `expect`) run beside the built-in matrix against the single-engine
+    # reference, and the known P/D divergences (YAML: case, reason, link) that do not block.
+    scenarios: list[RepoFile] = Field([], max_length=32)
+    known_divergences: RepoFile | None = None
+    # Whether the release runs the differential suite where the target has a reference engine.
+    diff: bool = True

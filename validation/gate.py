@@ -53,7 +53,8 @@ def _key(b: dict) -> tuple:
 
 
 def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None,
-           golden: dict | None = None, replaced: list[str] | None = None, look: int = 1) -> dict:
+           golden: dict | None = None, replaced: list[str] | None = None, diff: dict | None = None,
+           look: int = 1) -> dict:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
     (the Kubernetes pipeline) do not run it. `replaced`: the candidate's engines that were replaced
     while it was validated, where the target can tell; a candidate that lost an engine is unproven
@@ -94,6 +95,10 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
             f"reference ({golden.get('tokens_compared', 0)} tokens)"
             + "".join(f"; prompt {c['prompt']}: " + (c.get("problem") or f"first differs at token {c['first_difference']}")
                       for c in bad[:3]), value=golden.get("matched"), limit=golden.get("prompts"))
+
+    if diff is not None:  # pdops diff (validation/diff/): P/D vs single engine, unexpected divergences block
+        from validation.diff.release import gate_check
+        add("diff", *gate_check(diff))
 
     if replaced is not None:
         add("engines_stable", not replaced, "engines replaced during validation: " + "; ".join(replaced)

@@ -300,4 +300,9 @@ def read_yaml_file(path: Path, max_bytes: int = MAX_SPEC_BYTES) -> Any:
 
 def load_spec(overlay: Path) -> ReleaseSpec:
     path = Path(overlay) / SPEC_FILE
-    return parse_spec(read_yaml_file(path), path)
+    spec = parse_spec(read_yaml_file(path), path)
+    if spec.validation.scenarios or spec.validation.known_divergences:  # pdops diff's files: exist and parse
+        from validation.diff.scenarios import spec_files
+
+        spec_files(spec.validation, path)
+    return spec

@@ -379,20 +379,32 @@ class LocalTarget:
         answers are cached by model files, engine settings and prompts, so a re-release skips it."""
         from validation import golden
 
-        decode = slot_application(record.model_copy(update={"colour": "blue"}), "candidate")["args"]["decode_config"]
-        model_dir = decode["model_loading_config"]["model_source"]
-        engine = {k: v for k, v in decode["engine_kwargs"].items() if k != "kv_transfer_config"}
+        model_dir, engine = self._reference_settings(record)
         cache = self.home / "golden" / f"{_reference_key(model_dir, engine, prompts, max_tokens)}.json"
         if cache.exists():
             progress(f"[golden] reference answers cached ({cache.name[:12]}): no reference engine needed")
             return json.loads(cache.read_text(encoding="utf-8"))
-        progress(f"[golden] starting a single-engine reference of {record.model} on port {self.ports.reference}")
-        with ReferenceEngine(self.home, self.ports.reference, model_dir, record.model, engine) as ref:
-            ref.wait_ready(progress)
-            answers = golden.collect(ref.base_url, record.model, prompts, max_tokens)
+        with self.reference_server(record, progress) as base_url:
+            answers = golden.collect(base_url, record.model, prompts, max_tokens)
         cache.parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(cache, json.dumps(answers))
         return answers
+
+    def _reference_settings(self, record: ReleaseRecord) -> tuple[str, dict]:
+        """The model folder and engine arguments of the record's decode engines, minus the KV connector."""
+        decode = slot_application(record.model_copy(update={"colour": "blue"}), "candidate")["args"]["decode_config"]
+        engine = {k: v for k, v in decode["engine_kwargs"].items() if k != "kv_transfer_config"}
+        return decode["model_loading_config"]["model_source"], engine
+
+    @contextmanager
+    def reference_server(self, record: ReleaseRecord, progress: Progress) -> Iterator[str | None]:
+        """A plain vLLM engine of the record's model with its engines' settings, serving while the
+        block runs (about 3 GiB beside both slots; stopped, by its PID, when the block ends)."""
+        model_dir, engine = self._reference_settings(record)
+        progress(f"[reference] starting a single-engine reference of {record.model} on port {self.ports.reference}")
+        with ReferenceEngine(self.home, self.ports.reference, model_dir, record.model, engine) as ref:
+            ref.wait_ready(progress)
+            yield ref.base_url
 
     def _serving(self, record: ReleaseRecord) -> bool:
         return (self.ray.applications().get(self._app_name(record)) or {}).get("status") == "RUNNING"
