@@ -104,7 +104,7 @@ class LoadProfile(_Strict):
     rate: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     # 300: the fewest with which the gate can prove anything by default. A p99 has an upper bound at
     # 95% only from 299 requests; an unchanged candidate is rolled back by vs_stable 1.1x (TTFT spread
-    # 0.3) in 3.0% of releases at 300, 17.5% at 200 (scripts/bench_gate.py, README table).
+    # 0.3) in 4.6% of releases at 300, 17% at 200 (scripts/bench_gate.py, README table).
     requests: Annotated[int, Field(gt=0, le=1_000_000)] | None = 300
     duration_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] | None = None
     warmup_requests: int = Field(2, ge=0, le=10_000)

@@ -5,7 +5,7 @@ Hodges-Lehmann shift and its Mann-Whitney interval. Its standard error is about
 sigma * sqrt(pi/3) * sqrt(1/n_candidate + 1/n_stable), sigma the spread of log latency: pi/3 is the
 rank test's cost against a t-test on normal data (asymptotic relative efficiency 3/pi), exact enough
 for planning and checked by scripts/bench_gate.py (at sigma 0.3, factor 1.1, 95%/95%, three
-comparisons: 296 requests planned; the Monte Carlo's false-rollback rate is 17.5% at 200, 3.0% at 300).
+comparisons: 296 requests planned; the Monte Carlo's false-rollback rate is 17% at 200, 4.6% at 300).
 A release with m vs_stable comparisons and K planned looks judges each at 1 - (1 - C) / (m K).
 """
 from __future__ import annotations
