@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Literal
 
 from kubernetes import client, config
@@ -82,6 +82,12 @@ class KubernetesTarget(Slots):
         token check runs where the local target can run the engine."""
         progress("[validate] golden tokens: no single-engine reference on the kubernetes target; skipped")
         return None
+
+    def reference_server(self, record: ReleaseRecord, progress: Progress) -> AbstractContextManager[str | None]:
+        """None (golden tokens and `pdops diff` are skipped): no single-engine reference runs on the
+        cluster yet; README "Kubernetes target" has the design (a short-lived reference RayService)."""
+        progress("[validate] no single-engine reference on the kubernetes target: golden tokens and diff skipped")
+        return nullcontext(None)
 
     def status(self) -> TargetStatus:
         state = self._state()
