@@ -193,12 +193,17 @@ def cmd_gate(args) -> int:
         raise InputError(args.compat, "", "expected the JSON object `pdops compat --json` writes, got a list")
     benches = [b for f in args.bench for b in _benches_of(_load(f), f)]
     stable = _benches_of(_load(args.stable_report), args.stable_report) if args.stable_report else None
+    if args.inconclusive:
+        slo = slo.model_copy(update={"statistics": slo.statistics.model_copy(
+            update={"inconclusive": args.inconclusive, "max_looks": 1})})
     from validation.cost import add_costs
     try:
         unpriced = add_costs(benches, release.parent)   # $ per run on the overlay's nodes (validation/cost.py)
         if unpriced:
             _err(unpriced)
-        decision = gate.decide(compat, benches, slo, stable)
+        # one run of each load is all this command has: with inconclusive: extend it judges the
+        # last planned look (the confidence is already corrected for max_looks), so unproven fails
+        decision = gate.decide(compat, benches, slo, stable, look=slo.statistics.max_looks)
         files = report.write(args.out, decision, compat, benches)
     except (TypeError, ValueError, AttributeError, KeyError) as exc:   # JSON, but not a report's shape
         named = [f for f in (args.compat, *args.bench, args.stable_report) if f]
@@ -213,7 +218,71 @@ def cmd_gate(args) -> int:
     return 0 if decision["verdict"] == "promote" else 1
 
 
+def cmd_plan_load(args) -> int:
+    """Requests needed per phase from a pilot run's per-request samples (validation/plan.py)."""
+    from validation import plan, verdicts
+    from validation.config import SLO, VsStable
+    from validation.gate import bench_label
+
+    if args.release:
+        from workflows.spec import load_spec
+        slo = load_spec(Path(args.release).parent).slo
+    else:
+        slo = SLO()
+    if args.confidence or args.power:
+        from pydantic import ValidationError
+
+        from validation.config import Statistics
+        over = {k: v for k, v in (("confidence", args.confidence), ("power", args.power)) if v}
+        try:
+            slo = slo.model_copy(update={"statistics": Statistics.model_validate({**slo.statistics.model_dump(), **over})})
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            raise InputError("command line", "--" + str(e["loc"][0]), e["msg"], "use a value in [0.5, 0.999]") from None
+    vs = slo.vs_stable or VsStable(ttft_p90=1.1, tpot_p90=1.1, itl_p90=1.1)
+    factors = {"ttft_ms": vs.ttft_p90, "tpot_ms": vs.tpot_p90, "itl_ms": vs.itl_p90}
+    m = sum(1 for f in factors.values() if f is not None) or 1
+    st = slo.statistics
+    benches = _benches_of(_load(args.pilot), args.pilot)
+    print(f"regression to detect +{args.regression:.0%}; confidence {st.confidence}, power {st.power}; "
+          f"inconclusive: {st.inconclusive}" + (f", {st.max_looks} looks" if st.inconclusive == "extend" else "")
+          + f"; {m} vs_stable comparisons per load (Bonferroni)")
+    print(f"an upper bound exists at {st.confidence:.0%} from {plan.quantile_min_requests(0.9, st.confidence)} "
+          f"requests for a p90, {plan.quantile_min_requests(0.99, st.confidence)} for a p99")
+    rc = 1
+    for i, b in enumerate(benches):
+        print(f"\npilot {bench_label(b, i)}: {b.get('requests_ok')} requests")
+        print("| phase | sigma of log | smallest detectable regression at this size | requests/side to detect it "
+              "| the gate's rule: requests/side (factor) |")
+        print("| --- | --- | --- | --- | --- |")
+        for metric, what in (("ttft_ms", "TTFT (prefill)"), ("tpot_ms", "TPOT (decode)"), ("itl_ms", "ITL (decode)")):
+            vals = verdicts.request_samples(b, metric)
+            if isinstance(vals, str) or len(vals) < 4:
+                print(f"| {what} | – | {vals if isinstance(vals, str) else 'under 4 samples'} | – | – |")
+                continue
+            sg = plan.log_sigma(vals)
+            mde = plan.smallest_detectable(sg, len(vals), st.confidence, st.power, m)
+            zz = plan.z_of(1 - (1 - st.confidence) / m) + plan.z_of(st.power)
+            need = plan.per_side(sg, math.log1p(args.regression), zz)
+            f = factors[metric] or 1.1
+            g = plan.gate_requests(sg, f, args.regression, slo, m)
+            print(f"| {what} | {sg:.3f} | +{mde:.1%} | {need} | {g['requests']} ({f}x"
+                  + (f"; first look {g['first_look']}" if g["looks"] > 1 else "") + ") |")
+            rc = 0
+    if rc:
+        _err("no per-request samples in the pilot: run `pdops bench` (it keeps them) and pass its --json file")
+    return rc
+
+
 def register(sub) -> None:
+    p = sub.add_parser("plan-load", help="requests a run needs to detect a regression, from a pilot bench JSON")
+    p.add_argument("pilot", help="a bench JSON (`pdops bench --json`) or a report.json with benches")
+    p.add_argument("--release", help="overlays/<env>/release.yaml: its vs_stable factors and slo.statistics")
+    p.add_argument("--regression", type=_positive, default=0.15, help="fraction, e.g. 0.15 for +15%%")
+    p.add_argument("--confidence", type=_positive, help="override slo.statistics.confidence")
+    p.add_argument("--power", type=_positive, help="override slo.statistics.power")
+    p.set_defaults(func=cmd_plan_load)
+
     p = sub.add_parser("compat", help="OpenAI-compatibility suite against a serving endpoint")
     p.add_argument("--base-url", required=True, type=_http_url, help="e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True)
@@ -259,6 +328,9 @@ def register(sub) -> None:
     p.add_argument("--stable-report", help="stable release's bench/report JSON")
     p.add_argument("--out", required=True, type=_output_dir, help="report directory")
     p.add_argument("--json", type=_output_file, help="also write the decision JSON here")
+    p.add_argument("--inconclusive", choices=("fail", "point_estimate"),
+                   help="override slo.statistics.inconclusive (pd-canary: point_estimate, so a 16-request "
+                        "check of the stable release acts only on what it measured)")
     p.set_defaults(func=cmd_gate)
 
     from validation.diff.command import register as register_diff  # `pdops diff` (validation/diff/)

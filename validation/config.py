@@ -38,13 +38,43 @@ class DecodeSLO(_Strict):
 
 
 class VsStable(_Strict):
-    """Candidate metric must be at most this factor times the stable release's last report."""
+    """Candidate at most this factor times stable. With per-request samples of both (validation/stats.py):
+    the Hodges-Lehmann shift ratio of the phase's latencies and its interval; pass when its upper
+    bound is <= factor, fail when its lower bound is > factor. Without samples: the p90 ratio."""
 
     ttft_p90: Factor | None = None
     tpot_p90: Factor | None = None
     itl_p90: Factor | None = None
     # $ per 1,000 requests (validation/cost.py) at most this factor times the stable release's.
     cost: Factor | None = None
+
+
+class Statistics(_Strict):
+    """How sure the gate must be (validation/stats.py, README "A gate that knows how sure it is").
+
+    Every latency check is pass (proven within its limit at `confidence`), fail (proven beyond it)
+    or inconclusive. `inconclusive` says what an unproven check does: fail (roll back); extend (run
+    each unproven load again, up to `max_looks` runs in all, then fail; every look is judged at
+    1 - (1 - confidence) / max_looks, Bonferroni over the planned looks, so repeated looks keep both
+    error rates under 1 - confidence); point_estimate (decide by the point estimate as the gate did
+    before intervals: for runs too small to prove anything, e.g. the tiny local model's 16 requests;
+    every such check says so). vs_stable comparisons are also corrected together (Bonferroni over
+    the release's comparisons): an unchanged candidate sits at the same distance from each limit."""
+
+    confidence: Annotated[float, Field(ge=0.5, le=0.999, allow_inf_nan=False)] = 0.95
+    inconclusive: Literal["fail", "extend", "point_estimate"] = "fail"
+    max_looks: Annotated[int, Field(ge=1, le=10)] = 1
+    # for the smallest detectable regression printed with each check, and for `pdops plan-load`
+    power: Annotated[float, Field(ge=0.5, le=0.999, allow_inf_nan=False)] = 0.95
+
+    @model_validator(mode="after")
+    def _looks(self) -> "Statistics":
+        if self.inconclusive == "extend" and self.max_looks < 2:
+            raise ValueError("inconclusive: extend needs max_looks >= 2 (the first run counts as one look)")
+        if self.inconclusive != "extend" and self.max_looks != 1:
+            raise ValueError(f"max_looks {self.max_looks} only applies with inconclusive: extend "
+                             "(set inconclusive: extend, or drop max_looks)")
+        return self
 
 
 class SLO(_Strict):
@@ -62,6 +92,7 @@ class SLO(_Strict):
     # figures are reports anyway; the starvation is still shown in every report.
     client_health: Literal["required", "ignored"] = "required"
     vs_stable: VsStable | None = None
+    statistics: Statistics = Statistics()
 
 
 class LoadProfile(_Strict):
@@ -71,7 +102,10 @@ class LoadProfile(_Strict):
     profile: Name = "balanced"
     concurrency: Annotated[int, Field(gt=0, le=4096)] | None = 4
     rate: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
-    requests: Annotated[int, Field(gt=0, le=1_000_000)] | None = 32
+    # 300: the fewest with which the gate can prove anything by default. A p99 has an upper bound at
+    # 95% only from 299 requests; an unchanged candidate is rolled back by vs_stable 1.1x (TTFT spread
+    # 0.3) in 4.6% of releases at 300, 17% at 200 (scripts/bench_gate.py, README table).
+    requests: Annotated[int, Field(gt=0, le=1_000_000)] | None = 300
     duration_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] | None = None
     warmup_requests: int = Field(2, ge=0, le=10_000)
     # A trace file, relative to the overlay directory and inside the repository; `requests` caps it.

@@ -2,11 +2,19 @@
 
 `decide` never raises on missing data: a threshold that cannot be checked (no samples, no server
 scrape when KV transfer is required) fails, because an unproven candidate is not promoted.
+
+Latency checks on reports with per-request samples are judged with their confidence
+(validation/verdicts.py): pass, fail or inconclusive per `slo.statistics`, each stating its interval
+and the smallest effect the run could detect. `decision["extend"]` lists the benches whose checks
+were inconclusive when the spec says to extend and looks remain; the caller may re-run them
+and decide again with `look + 1` (validation/sequential.py).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from validation import verdicts
 from validation.config import SLO
 
 
@@ -45,16 +53,27 @@ def _key(b: dict) -> tuple:
 
 
 def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None,
-           golden: dict | None = None, replaced: list[str] | None = None, diff: dict | None = None) -> dict:
+           golden: dict | None = None, replaced: list[str] | None = None, diff: dict | None = None,
+           look: int = 1) -> dict:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
     (the Kubernetes pipeline) do not run it. `replaced`: the candidate's engines that were replaced
     while it was validated, where the target can tell; a candidate that lost an engine is unproven
-    even when its restarted engine then passed every check (measured: a killed prefill engine)."""
+    even when its restarted engine then passed every check (measured: a killed prefill engine).
+    `look`: which run of an extended validation this is (1 = the first; slo.statistics)."""
     checks: list[dict] = []
+    st = slo.statistics
+    extend: set[int] = set()
 
-    def add(name: str, ok: bool, msg: str, bench: str | None = None, value=None, limit=None) -> None:
-        checks.append({"check": name, "ok": bool(ok), "bench": bench, "value": value, "limit": limit,
-                       "message": msg})
+    def add(name: str, ok: bool, msg: str, bench: str | None = None, value=None, limit=None,
+            judged: verdicts.Judged | None = None, idx: int | None = None) -> None:
+        c = {"check": name, "ok": bool(ok), "bench": bench, "value": value, "limit": limit, "message": msg}
+        if judged is not None:
+            fin = lambda v: v if isinstance(v, float) and math.isfinite(v) else None  # noqa: E731  (JSON: no Infinity)
+            c.update(verdict=judged.verdict, interval=[fin(v) for v in judged.interval], confidence=judged.confidence,
+                     detectable={k: fin(float(v)) for k, v in judged.detectable.items()})
+            if judged.verdict == "inconclusive" and st.inconclusive == "extend" and look < st.max_looks:
+                extend.add(idx)
+        checks.append(c)
 
     # -- compatibility ---------------------------------------------------------------------
     if compat is None:
@@ -113,9 +132,16 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
             v, src = ((itl or {}).get(q), f" from {itl_src}") if metric == "itl_ms" else (_get(b, metric, q), "")
             if v is None:
                 add(name, False, f"{lab}: {metric} {q} unavailable{src} (limit {limit} ms)", lab, None, limit)
-            else:
-                add(name, v <= limit, f"{lab}: {metric} {q} {v:.1f} ms{src} {'<=' if v <= limit else '>'} {limit} ms",
-                    lab, v, limit)
+                continue
+            got = verdicts.quantile_samples(b, metric, itl_src)
+            if isinstance(got, str):
+                add(name, v <= limit, f"{lab}: {metric} {q} {v:.1f} ms{src} {'<=' if v <= limit else '>'} {limit} ms "
+                    f"(point estimate: {got})", lab, v, limit)
+                continue
+            j = verdicts.threshold(got[0], got[1], int(q[1:]) / 100, limit, st, look)
+            used = " from TPOT samples" if metric == "itl_ms" and b.get("itl_level") == "chunk" else ""
+            add(name, j.ok, f"{lab}: {metric} {q} {v:.1f} ms{src}{used} vs limit {limit} ms, {j.message}",
+                lab, v, limit, j, i)
         er = b.get("error_rate")
         if er is None:
             tot = (b.get("requests_ok") or 0) + (b.get("errors") or 0)
@@ -156,6 +182,8 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
             add("vs_stable", True, "no stable report to compare against (first release?)")
         else:
             idx = {_key(s): s for s in stable}
+            comparisons = sum(1 for b in benches if _key(b) in idx for f in (vs.ttft_p90, vs.tpot_p90, vs.itl_p90)
+                              if f is not None)
             for i, b in enumerate(benches):
                 lab = bench_label(b, i)
                 s = idx.get(_key(b))
@@ -166,6 +194,16 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                                              ("itl_p90", "itl_ms", vs.itl_p90)):
                     if factor is None:
                         continue
+                    chunk = "chunk" in (b.get("itl_level"), s.get("itl_level"))   # then both sides use TPOT
+                    cs, ss = verdicts.request_samples(b, metric, chunk), verdicts.request_samples(s, metric, chunk)
+                    if not isinstance(cs, str) and not isinstance(ss, str):
+                        j = verdicts.vs_stable(cs, ss, factor, st, look, comparisons)
+                        what = {"ttft_ms": "TTFT", "tpot_ms": "TPOT",
+                                "itl_ms": "TPOT (chunk-level ITL)" if chunk else "per-request mean ITL"}[metric]
+                        add(f"vs_stable_{name}", j.ok, f"{lab}: {name}: {what} {j.message}", lab,
+                            j.detectable["ratio"], factor, j, i)
+                        continue
+                    why = cs if isinstance(cs, str) else f"stable: {ss}"
                     if metric == "itl_ms":
                         (cd, csrc), (sd, ssrc) = itl_source(b), itl_source(s)
                         cv, sv = (cd or {}).get("p90"), (sd or {}).get("p90")
@@ -177,7 +215,8 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                         continue
                     r = cv / sv
                     add(f"vs_stable_{name}", r <= factor,
-                        f"{lab}: {name} {cv:.1f} ms is {r:.2f}x stable {sv:.1f} ms (limit {factor}x){src}", lab, r, factor)
+                        f"{lab}: {name} {cv:.1f} ms is {r:.2f}x stable {sv:.1f} ms (limit {factor}x){src} "
+                        f"(point estimate: {why})", lab, r, factor)
                 if vs.cost is not None:   # cost gate: computed in validation/cost.py
                     from validation.cost import vs_stable_cost
                     add(*vs_stable_cost(b, s, vs.cost, lab))
@@ -185,4 +224,7 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
     failed = [c for c in checks if not c["ok"]]
     return {"verdict": "rollback" if failed else "promote",
             "reasons": [c["message"] for c in failed] or ["all checks passed"],
-            "checks": checks, "failed": len(failed), "passed": len(checks) - len(failed)}
+            "checks": checks, "failed": len(failed), "passed": len(checks) - len(failed),
+            "inconclusive": sum(1 for c in checks if c.get("verdict") == "inconclusive"),
+            "look": look, "extend": sorted(extend) if extend and all(
+                c.get("verdict") == "inconclusive" for c in failed) else []}

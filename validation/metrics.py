@@ -117,9 +117,36 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
     return out
 
 
+# Per-request samples kept in the bench JSON for the gate's intervals and rank tests (validation/stats.py)
+# and for plots. Bounded so a long run cannot bloat a report: at most this many requests (TTFT, TPOT)
+# and ITL gaps; above it a seeded random subset of whole requests is kept and `truncated` says so.
+# 20,000 requests is 40x the largest overlay's 500; 200,000 gaps is 500 requests of 400 tokens.
+MAX_SAMPLE_REQUESTS = 20_000
+MAX_ITL_SAMPLES = 200_000
+
+
 def samples(records: list[dict]) -> dict:
-    """Raw per-request samples (ms) for plots."""
+    """Per-request samples (ms, 3 decimals): ttft and tpot one per request, itl the gaps of each
+    request in order with `itl_counts` gaps per request (the gate treats requests as clusters)."""
+    import random
+
     pr = [per_request(r) for r in records if not r.get("warmup") and is_ok(r)]
-    return {"ttft": [p["ttft"] for p in pr if p["ttft"] is not None],
-            "tpot": [p["tpot"] for p in pr if p["tpot"] is not None],
-            "itl": [g for p in pr for g in p["itl"]]}
+    n_all, gaps_all = len(pr), sum(len(p["itl"]) for p in pr)
+    if n_all > MAX_SAMPLE_REQUESTS or gaps_all > MAX_ITL_SAMPLES:
+        rng = random.Random(0)
+        order = rng.sample(range(n_all), n_all)
+        keep, gaps = [], 0
+        for i in order:
+            if len(keep) >= MAX_SAMPLE_REQUESTS or gaps + len(pr[i]["itl"]) > MAX_ITL_SAMPLES:
+                break
+            keep.append(i)
+            gaps += len(pr[i]["itl"])
+        pr = [pr[i] for i in sorted(keep)]
+    r3 = lambda v: round(v, 3)  # noqa: E731
+    out = {"ttft": [r3(p["ttft"]) for p in pr if p["ttft"] is not None],
+           "tpot": [r3(p["tpot"]) for p in pr if p["tpot"] is not None],
+           "itl": [r3(g) for p in pr for g in p["itl"]],
+           "itl_counts": [len(p["itl"]) for p in pr]}
+    if len(pr) < n_all:
+        out["truncated"] = {"requests_kept": len(pr), "requests": n_all, "itl_gaps": gaps_all}
+    return out

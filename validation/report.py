@@ -61,9 +61,14 @@ def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
             lines.append(f"| {c['name']} | {c['status']} | {'yes' if c.get('required', True) else 'no'} | "
                          f"{c.get('detail', '').replace('|', '/')[:120]} |")
         lines.append("")
-    lines += ["## Checks", "", "| check | run | ok | message |", "| --- | --- | --- | --- |"]
+    lines += ["## Checks", "",
+              "Latency checks with per-request samples state their interval, its confidence and the smallest "
+              "effect the run could detect (validation/verdicts.py); `point` = judged on the point estimate.", "",
+              "| check | run | ok | verdict | message |", "| --- | --- | --- | --- | --- |"]
     for c in decision["checks"]:
-        lines.append(f"| {c['check']} | {c.get('bench') or ''} | {'✔' if c['ok'] else '✘'} | {c['message'].replace('|', '/')} |")
+        v = c.get("verdict") or ("point" if c.get("limit") is not None and c["check"].endswith(("_ms", "_p90")) else "")
+        lines.append(f"| {c['check']} | {c.get('bench') or ''} | {'✔' if c['ok'] else '✘'} | {v} | "
+                     f"{c['message'].replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -117,9 +122,9 @@ def plots(benches: list[dict], out: Path) -> list[Path]:
 def write(out: Path | str, decision: dict, compat: dict | None, benches: list[dict]) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    # raw samples stay in the bench files; the report JSON references their summaries
-    slim = [{k: v for k, v in b.items() if k != "samples"} for b in benches]
-    report = {"verdict": decision["verdict"], "decision": decision, "compat": compat, "benches": slim}
+    # per-request samples stay in the report (bounded by validation.metrics.MAX_SAMPLE_REQUESTS): the
+    # next release reads this file as its stable side and compares distributions, not two p90s
+    report = {"verdict": decision["verdict"], "decision": decision, "compat": compat, "benches": benches}
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     (out / "summary.md").write_text(markdown(decision, compat, benches))
     pngs = plots(benches, out)

@@ -121,7 +121,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     `reference_server`: starts one for the golden tokens and the diff, after the loads (so it takes
     no CPU from them) and stops it after; golden answers come from it when `reference` is None."""
     from validation import compat as compat_suite
-    from validation import gate, golden, profiles, report, traces
+    from validation import gate, golden, profiles, report, sequential, traces
     from validation.bench import run_bench
 
     progress(f"[validate] compatibility suite against {endpoint.base_url}")
@@ -129,21 +129,25 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     compat = compat_suite.run(endpoint.base_url, spec.model.id, api_key=api_key, optional=policy.optional,
                               api_key_required=policy.api_key_required, progress=progress, timeout=timeout)
     _dump(run / "compat.json", compat)
-    benches = []
-    for i, load in enumerate(spec.validation.load):
+    def bench_of(load, warmup: int, seed: int) -> dict:
         trace = traces.load(load.trace, load.trace_format, load.time_scale, load.requests) if load.trace else None
         bench = run_bench(endpoint.base_url, spec.model.id, profiles.get(load.profile),
                           concurrency=None if load.rate else load.concurrency, rate=load.rate,
                           requests=load.requests if not load.duration_s else None, duration=load.duration_s,
-                          warmup=load.warmup_requests, metrics_url=endpoint.metrics_url,
+                          warmup=warmup, metrics_url=endpoint.metrics_url,
                           metrics_select=endpoint.metrics_labels or None,
                           metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
                           metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
-                          tokenizer=endpoint.tokenizer, isolate=True)
+                          tokenizer=endpoint.tokenizer, isolate=True, seed=seed)
         if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from validation.cost import bench_cost
             bench["cost"] = bench_cost(bench, spec, rendered)
+        return bench
+
+    benches = []
+    for i, load in enumerate(spec.validation.load):
+        bench = bench_of(load, load.warmup_requests, 0)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
     matched = diffed = None
@@ -174,6 +178,19 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                 raise RunFolderError(run / "diff.json", exc) from exc
     replaced = replaced_engines(endpoint, current()) if current else None
     decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed)
+    look = 1
+    # slo.statistics.inconclusive: extend, looks remaining (validation/sequential.py); after the reference
+    # engine has stopped, so the extra loads have the machine the first ones had
+    while decision.get("extend"):
+        look += 1
+        for i in decision["extend"]:
+            load = spec.validation.load[i]
+            progress(f"[validate] load #{i} {load.profile} inconclusive: look {look} of "
+                     f"{spec.slo.statistics.max_looks}, the same load again")
+            benches[i] = sequential.merge_bench(benches[i], bench_of(load, 0, look - 1))
+            _dump(run / f"bench-{i}-{load.profile}.json", benches[i])
+        replaced = replaced_engines(endpoint, current()) if current else None
+        decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look)
     try:
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
@@ -250,7 +267,10 @@ def baseline_of(report: str | None) -> list[dict] | None:
         benches = json.loads((Path(report) / "report.json").read_text()).get("benches")
     except (OSError, ValueError, AttributeError):
         return None
-    return benches if isinstance(benches, list) else None
+    if not isinstance(benches, list):
+        return None
+    from validation.verdicts import baseline   # what vs_stable's rank tests read, small enough for history
+    return [baseline(b) if isinstance(b, dict) else b for b in benches]
 
 
 class RunFolderError(Exception):

@@ -199,6 +199,13 @@ class KnownTimingServer:
     context_len: int = 4096
     early_role_chunk: bool = True
     api_key: str | None = None
+    # Realistic jitter (0 = exact timings): each request's TTFT is first_token_delay x lognormal(0,
+    # ttft_spread); its decode speed inter_token_delay x lognormal(0, itl_spread), and each gap again
+    # x lognormal(0, gap_spread). scripts/bench_gate.py samples these same distributions directly.
+    ttft_spread: float = 0.0
+    itl_spread: float = 0.0
+    gap_spread: float = 0.0
+    jitter_seed: int = 0
     broken: Broken = field(default_factory=Broken)
     host: str = "127.0.0.1"
     # A local HF tokenizer directory: prompt tokens are then counted as vLLM counts them (chat
@@ -445,6 +452,19 @@ class KnownTimingServer:
             finish = "stop" if finish == "length" else "length"
         return toks, finish
 
+    def _jitter(self, n: int) -> list[float]:
+        """Due offsets of tokens 0..n-1 of one request under the lognormal jitter (seeded per request)."""
+        import random
+        self._jitter_n = getattr(self, "_jitter_n", 0) + 1
+        rng = random.Random(self.jitter_seed * 1_000_003 + self._jitter_n)
+        off = self.first_token_delay * rng.lognormvariate(0.0, self.ttft_spread)
+        itl = self.inter_token_delay * rng.lognormvariate(0.0, self.itl_spread)
+        out = [off]
+        for _ in range(n - 1):
+            off += itl * rng.lognormvariate(0.0, self.gap_spread)
+            out.append(off)
+        return out
+
     def _usage(self, prompt_tokens: int, completion: int) -> dict:
         total = prompt_tokens + completion + (3 if self.broken.inconsistent_usage else 0)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": total}
@@ -506,9 +526,10 @@ class KnownTimingServer:
         maxlen = max((len(t) for t, _ in plans), default=0)
         tpc = max(1, self.tokens_per_chunk)
         off = self.first_token_delay
+        jit = self._jitter(maxlen) if (self.ttft_spread or self.itl_spread or self.gap_spread) else None
         for ci, start in enumerate(range(0, maxlen, tpc)):
             # absolute schedule (no drift): chunk ci is due at first_token_delay + ci*tpc*inter_token_delay
-            off = self.first_token_delay + ci * tpc * self.inter_token_delay
+            off = self.first_token_delay + ci * tpc * self.inter_token_delay if jit is None else jit[ci * tpc]
             choices = []
             for i, (toks, finish) in enumerate(plans):
                 piece = toks[start:start + tpc]

@@ -139,6 +139,31 @@ def test_unmeetable_slo_rolls_back_and_says_why(server, overlay, tmp_path):
     assert any("ttft" in r and "p90" in r for r in out["reasons"])
 
 
+def test_inconclusive_run_is_extended_until_proven(server, overlay, tmp_path, monkeypatch):
+    """slo.statistics.inconclusive: extend. 20 requests cannot bound a p90 at 97.5% (two planned
+    looks, Bonferroni): the same load runs again and 40 requests prove it."""
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    edit(overlay, slo__statistics={"inconclusive": "extend", "max_looks": 2},
+         slo__prefill={"ttft_p90_ms": 5000}, slo__decode={}, validation__load=[
+             {"profile": "balanced", "concurrency": 2, "requests": 20, "warmup_requests": 0}])
+    out, folder = run(overlay, RecordingTarget(endpoint(server)), tmp_path)
+    assert out["verdict"] == "promote", out["reasons"]
+    bench = json.loads((folder / "bench-0-balanced.json").read_text())
+    assert bench["requests_ok"] == 40 and [lk["requests_ok"] for lk in bench["looks"]] == [20, 20]
+    check = next(c for c in json.loads((folder / "report.json").read_text())["decision"]["checks"]
+                 if c["check"] == "ttft_p90_ms")
+    assert check["verdict"] == "pass" and check["interval"][1] <= 5000 and check["confidence"] == 0.975
+
+
+def test_inconclusive_at_the_last_look_rolls_back(server, overlay, tmp_path, monkeypatch):
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    edit(overlay, slo__statistics={"inconclusive": "extend", "max_looks": 2})
+    out, folder = run(overlay, RecordingTarget(endpoint(server)), tmp_path)
+    assert out["verdict"] == "rollback"
+    assert json.loads((folder / "bench-0-balanced.json").read_text())["requests_ok"] == 8
+    assert any("the cap" in r for r in out["reasons"]), out["reasons"]
+
+
 def test_bad_spec_applies_nothing(server, overlay, tmp_path):
     edit(overlay, prefill__tensor_parallel_size="two")
     target = RecordingTarget(endpoint(server))
@@ -251,7 +276,9 @@ def test_a_promoted_release_records_its_baseline_and_the_next_candidate_is_compa
     stable = target.stable.model_copy(update={"baseline": target.baseline, "report": "/gone", "verdict": "promote"})
     target.stable = stable
     # a candidate the stable baseline says is 1000x faster than it can be: only vs_stable can fail it
-    faster = [dict(b, ttft_ms={**b["ttft_ms"], "p90": b["ttft_ms"]["p90"] / 1000}) for b in target.baseline]
+    # (its per-request samples too: with samples, vs_stable compares distributions, not p90s)
+    faster = [dict(b, ttft_ms={**b["ttft_ms"], "p90": b["ttft_ms"]["p90"] / 1000},
+                   samples={**b["samples"], "ttft": [v / 1000 for v in b["samples"]["ttft"]]}) for b in target.baseline]
     target.status = lambda: TargetStatus(  # type: ignore[method-assign]
         target="recording", stable=SlotStatus(slot="stable", release=stable, state="ready"),
         candidate=SlotStatus(slot="candidate", release=target.candidate),
