@@ -72,9 +72,31 @@ def image_src(argo_root, revision):
     return dest
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def runner(argo_root, image_src):
     def make(kubeconfig: Path | None = None, hosts: dict[str, str] | None = None) -> PodRunner:
         return PodRunner(argo_root / "runner", python=sys.executable, image_src=image_src, kubeconfig=kubeconfig,
                          hosts=hosts or {}, schema_dir=SCHEMAS, dockerfile=ROOT / "Dockerfile")
     return make
+
+
+@pytest.fixture(scope="session")
+def make_pipeline(argo_root, runner, revision):
+    """Test clusters for the committed workflows (scenario.py), torn down at the end of the session."""
+    from tests.argo.scenario import PipelineCluster
+
+    made = []
+
+    def make() -> PipelineCluster:
+        made.append(PipelineCluster(Path(tempfile.mkdtemp(prefix="cluster-", dir=argo_root)), runner, revision))
+        return made[-1]
+    yield make
+    for c in made:
+        c.close()
+
+
+@pytest.fixture
+def pipeline(make_pipeline):
+    c = make_pipeline()
+    yield c
+    c.close()
