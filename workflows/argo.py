@@ -1,17 +1,21 @@
 """The Argo side of the pipeline: `pd-release` (WorkflowTemplate) and `pd-canary` (CronWorkflow), built with Hera.
 
-Nothing here talks to a cluster. `render_all()` returns the YAML committed under `kustomize/argo/`;
-`pdops workflows render --out kustomize/argo` rewrites it (a unit test fails when the two drift).
+Nothing here talks to a cluster, and nothing here decides *what* is validated: every step is a thin
+call of the `pdops` CLI in the step image (see /Dockerfile), the same stage functions `pdops release`
+runs, reading the overlay's release.yaml. `render_all()` returns the YAML committed under
+`kustomize/argo/`; `pdops workflows render --out kustomize/argo` rewrites it (a test fails on drift),
+and the Argo execution tier (tests/argo) runs that committed YAML step by step.
 
-Every step is a container running the project's CLI in the step image (see /Dockerfile). The release
-DAG is:
+    check -> rollout -> validate -> promote    (verdict promote)
+                                \\-> rollback   (any other verdict, or validate failed)
+    dry-run=true:          check -> rollout --dry-run (the API server admits every object; nothing stored)
+    skip-to-rollback=true: only skip-to-rollback (drop a candidate, restore the last good release)
+    onExit:                rollback-if-pending when the workflow did not succeed (the safety net)
 
-    build-config -> check -> rollout -> (compat || bench) -> gate -> promote   (verdict == promote)
-                                                                  \\-> rollback (otherwise)
-    skip-to-rollback=true: only `skip-to-rollback` (the rollback template) runs.
-
-Retries (with backoff) only on read-only steps; none on rollout/promote/rollback, which change the
-cluster. The exit handler rolls a pending candidate back when the workflow did not succeed.
+Each step writes `verdict` and `summary` output files (workflows/step_outputs.py) exported as the
+workflow's global outputs, so a run that ends at any step says why, and its metrics are emitted.
+Retries: only exit code 75 (the target was unreachable or answered 5xx: workflows/targets/base.py
+EXIT_TRANSIENT), never a verdict; every step the CLI runs is idempotent, so a retry is safe.
 """
 from __future__ import annotations
 
@@ -21,45 +25,42 @@ from typing import Any
 
 import yaml
 
-from validation.server_metrics import RAY_METRICS_LAG_S
-from workflows.names import (API_KEY_ENV, API_KEY_SECRET, ENV_NAMESPACES, ENVIRONMENTS, SERVICE_ACCOUNT,  # noqa: F401
-                             WORKFLOW_NAMESPACE)
+from workflows.names import (API_KEY_ENV, API_KEY_SECRET, ENV_NAMESPACES, ENVIRONMENTS,  # noqa: F401 (re-exported)
+                             PART_OF, SERVICE_ACCOUNT, WORKFLOW_NAMESPACE)
+from workflows.step_outputs import FIGURES
+from workflows.targets.base import EXIT_TRANSIENT
 
 STEP_IMAGE = "ghcr.io/pdops/pdops-step:0.1.0"
 REPO_URL = "https://github.com/pdops/pdops.git"
-PROFILES = ("balanced", "long-prompt-short-output", "short-prompt-long-output")
 SRC = "/workspace/src"          # git input artifact (the revision under release)
+OUT = "/tmp/out"                # each step's output-parameter files (step_outputs.write)
+RUN = "/tmp/run"                # validate's run folder (compat, bench, report), an artifact
 RUN_AS_USER = 10001              # matches the Dockerfile's user
-
 P = "{{workflow.parameters.%s}}"
 OVERLAY = "overlays/" + P % "environment"
-ENV_NS = "llm-" + P % "environment"   # overlays/<env> use namespace llm-<env> (see ENV_NAMESPACES)
-# Validation reaches the slot it judges (the candidate in pd-release, stable in pd-canary) at the
-# URLs `pdops endpoint` reports: the colour's own serve and head Services, never the stable route.
-BASE_URL = "{{inputs.parameters.base-url}}"
-METRICS_URL = "{{inputs.parameters.metrics-url}}"
-METRICS_LAG = ("--metrics-lag-s", f"{RAY_METRICS_LAG_S:g}")   # the RayService's metrics are up to 10 s old
-MODEL = "{{inputs.parameters.model}}"   # from the facts step (model.id of overlays/<env>/release.yaml)
+ENV_NS = "llm-" + P % "environment"   # overlays/<env> use namespace llm-<env> (names.ENV_NAMESPACES)
 
-# `pdops workflows gate-outputs` writes one file per value under the gate's --out directory
-# (from report.json); they become (global) output parameters and feed the Prometheus metrics.
-GATE_VALUES = ("verdict", "ttft-p50-ms", "ttft-p99-ms", "itl-p50-ms", "itl-p99-ms", "kv-prompt-tokens")
-GAUGES = {  # metric name -> [(gate output, phase, quantile)]
+GAUGES = {  # metric name -> [(output figure, phase, quantile)]
     "pd_release_ttft_ms": [("ttft-p50-ms", "prefill", "p50"), ("ttft-p99-ms", "prefill", "p99")],
     "pd_release_itl_ms": [("itl-p50-ms", "decode", "p50"), ("itl-p99-ms", "decode", "p99")],
     "pd_release_kv_prompt_tokens": [("kv-prompt-tokens", "kv-transfer", "total")],
 }
-GAUGE_HELP = {"pd_release_ttft_ms": "time to first token (ms) measured by the gate's bench, by phase and quantile",
-              "pd_release_itl_ms": "inter-token latency (ms) measured by the gate's bench, by phase and quantile",
-              "pd_release_kv_prompt_tokens": "prompt tokens that arrived by NIXL KV transfer during the bench"}
+GAUGE_HELP = {"pd_release_ttft_ms": "time to first token (ms) of the first validation load, by phase and quantile",
+              "pd_release_itl_ms": "inter-token latency (ms) of the first validation load, by phase and quantile",
+              "pd_release_kv_prompt_tokens": "prompt tokens that arrived by NIXL KV transfer in the first load"}
 
-# per-step timeouts (activeDeadlineSeconds)
-DEADLINES = {"stable-endpoint": 300, "build-config": 300, "check": 600, "rollout": 1800, "compat": 900, "bench": 1800,
-             "gate": 300, "facts": 300, "promote": 900, "rollback": 900, "exit-rollback": 900, "alert": 120}
-WORKFLOW_DEADLINE = 4 * 3600
-CANARY_DEADLINE = 1500
-RETRIED = ("build-config", "check", "compat", "bench", "stable-endpoint")   # read-only: safe to retry
-NOT_RETRIED = ("rollout", "promote", "rollback", "exit-rollback")
+# The CLI's own wait inside a step, and the step's deadline (activeDeadlineSeconds) above it, so the
+# CLI times out first and prints its diagnosis (failing pods, Events) before Argo kills the pod.
+ROLLOUT_TIMEOUT = 1500
+DEADLINES = {"check": 600, "rollout": ROLLOUT_TIMEOUT + 300, "validate": 7200, "promote": 900, "rollback": 1200,
+             "skip-to-rollback": 1200, "exit-rollback": 1200, "validate-stable": 1200, "alert": 120}
+WORKFLOW_DEADLINE = 4 * 3600     # check + rollout + validate + promote = 10,500 s at most
+CANARY_DEADLINE = 1500           # every 30 min: one run ends before the next is due
+RETRY_LIMIT = 3
+RETRY_BACKOFF_S = (30, 2)        # first wait, factor: 30 s, 60 s, 120 s
+# Argo stops retrying once maxDuration has passed since the first try (operator.go
+# processNodeRetries), so it must cover every try running to its deadline plus the waits.
+RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == {EXIT_TRANSIENT}"
 
 
 def _hera():
@@ -68,12 +69,15 @@ def _hera():
     return m
 
 
-def _retry():
+def _retry(deadline: int):
     from hera.workflows import RetryStrategy
     from hera.workflows.models import Backoff
 
-    return RetryStrategy(limit=3, retry_policy="Always",
-                         backoff=Backoff(duration="15s", factor=2, max_duration="5m"))
+    first, factor = RETRY_BACKOFF_S
+    waits = sum(first * factor ** i for i in range(RETRY_LIMIT))
+    return RetryStrategy(limit=RETRY_LIMIT, retry_policy="Always", expression=RETRY_EXPRESSION,
+                         backoff=Backoff(duration=f"{first}s", factor=factor,
+                                         max_duration=f"{(RETRY_LIMIT + 1) * deadline + waits}s"))
 
 
 def _security():
@@ -103,8 +107,8 @@ def _source():
 
 
 def _step(name: str, args: list[str], *, command: list[str] | None = None, checkout: bool = True,
-          inputs: list | None = None, outputs: list | None = None, retry: bool = False,
-          cpu: str = "250m", memory: str = "512Mi", deadline: int | None = None, api_key: bool = False):
+          inputs: list | None = None, outputs: list | None = None, retry: bool = True,
+          cpu: str = "250m", memory: str = "512Mi", api_key: bool = False):
     """A container template running `pdops ARGS` in the step image (api_key: with $PDOPS_API_KEY)."""
     from hera.workflows import Container
 
@@ -122,84 +126,66 @@ def _step(name: str, args: list[str], *, command: list[str] | None = None, check
         security_context=csc,
         inputs=([_source()] if checkout else []) + list(inputs or []),
         outputs=outputs or None,
-        retry_strategy=_retry() if retry else None,
-        active_deadline_seconds=deadline or DEADLINES[name],
+        retry_strategy=_retry(DEADLINES[name]) if retry else None,
+        active_deadline_seconds=DEADLINES[name],
         resources=m.ResourceRequirements(requests={"cpu": cpu, "memory": memory}, limits={"memory": memory}),
     )
 
 
-def _gate_script() -> str:
-    """`pdops gate` (exit 0 promote, 1 rollback, 2 bad input), then export its decision as files."""
-    return ("pdops gate --compat /tmp/in/compat.json --bench /tmp/in/bench.json "
-            "--release \"overlays/$PDOPS_ENVIRONMENT/release.yaml\" --out /tmp/report "
-            "--json /tmp/report/decision.json; rc=$?; "
-            "exec pdops workflows gate-outputs --report /tmp/report --exit-code \"$rc\"")
-
-
-def _gate_outputs(global_prefix: str):
-    from hera.workflows import Artifact, Parameter
+def _outcome(default_verdict: str, default_summary: str, figures: bool = False) -> list:
+    """The step's verdict and summary (and figures) as global output parameters; the defaults say
+    what it means when the step died before writing them."""
+    from hera.workflows import Parameter
 
     m = _hera()
-    params = [Parameter(name=v, value_from=m.ValueFrom(path=f"/tmp/report/{v}",
-                                                        default="rollback" if v == "verdict" else "0"),
-                        global_name=f"{global_prefix}{v}")
-              for v in GATE_VALUES]
-    params.append(Parameter(name="summary", value_from=m.ValueFrom(path="/tmp/report/summary.md",
-                                                                    default="(no summary written)"),
-                            global_name=f"{global_prefix}summary"))
-    return params + [Artifact(name="report", path="/tmp/report", global_name=f"{global_prefix}report")]
+    out = [Parameter(name="verdict", value_from=m.ValueFrom(path=f"{OUT}/verdict", default=default_verdict),
+                     global_name="verdict"),
+           Parameter(name="summary", value_from=m.ValueFrom(path=f"{OUT}/summary", default=default_summary),
+                     global_name="summary")]
+    if figures:
+        out += [Parameter(name=f, value_from=m.ValueFrom(path=f"{OUT}/{f}", default="NaN"), global_name=f)
+                for f in FIGURES]
+    return out
 
 
-def _metrics(prefix: str, metric_prefix: str):
-    """Workflow-level Prometheus metrics from the gate's global output parameters."""
+def _metrics(metric_prefix: str):
+    """Workflow-level Prometheus metrics, emitted on every path (promote, rollback, failed, blocked):
+    the verdict counter always; the latency gauges when a gate measured them."""
     from hera.workflows import Counter, Gauge, Label
 
     env = Label(key="environment", value=P % "environment")
+    verdict = "{{workflow.outputs.parameters.verdict}}"
     out = []
     for metric, series in GAUGES.items():
         for value, phase, quantile in series:
-            out.append(Gauge(name=metric.replace("pd_release", metric_prefix),
-                             help=GAUGE_HELP[metric],
+            out.append(Gauge(name=metric.replace("pd_release", metric_prefix), help=GAUGE_HELP[metric],
                              labels=[env, Label(key="phase", value=phase), Label(key="quantile", value=quantile)],
-                             realtime=False, value="{{workflow.outputs.parameters.%s%s}}" % (prefix, value)))
-    out.append(Counter(name=f"{metric_prefix}_verdict_total", help="gate verdicts by environment",
-                       labels=[env, Label(key="verdict", value="{{workflow.outputs.parameters.%sverdict}}" % prefix),
-                               Label(key="status", value="{{workflow.status}}")],
+                             when=f"'{verdict}' == 'promote' || '{verdict}' == 'rollback'",
+                             realtime=False, value="{{workflow.outputs.parameters.%s}}" % value))
+    out.append(Counter(name=f"{metric_prefix}_verdict_total", help="verdicts by environment and workflow status",
+                       labels=[env, Label(key="verdict", value=verdict), Label(key="status", value="{{workflow.status}}")],
                        value="1"))
     return out
 
 
-def _common_params(extra: list) -> list:
+def _common_params(extra: list, environment: str = "dev") -> list:
     from hera.workflows import Parameter
 
     return [
-        Parameter(name="environment", value="dev", enum=list(ENVIRONMENTS),
-                  description="overlay to release: overlays/<environment>"),
+        Parameter(name="environment", value=environment, enum=list(ENVIRONMENTS),
+                  description="overlay to release: overlays/<environment>, namespace llm-<environment>"),
         *extra,
-        Parameter(name="repo-url", value=REPO_URL, description="git repository holding the overlays"),
-        Parameter(name="step-image", value=STEP_IMAGE, description="image running the pdops steps"),
+        Parameter(name="dry-run", value="false", enum=["false", "true"],
+                  description="true: the API server validates and admits every object, nothing is stored"),
+        Parameter(name="repo-url", value=REPO_URL, description="free text: the git repository holding the overlays"),
+        Parameter(name="step-image", value=STEP_IMAGE, description="free text: the image running the pdops steps"),
     ]
 
 
-def _endpoint_outputs() -> list:
-    """`pdops endpoint`'s files (--out / --endpoint-out /tmp/endpoint) as output parameters."""
-    from hera.workflows import Parameter
+def _run_artifact(optional: bool = True):
+    from hera.workflows import Artifact
 
-    m = _hera()
-    return [Parameter(name=n, value_from=m.ValueFrom(path=f"/tmp/endpoint/{n}")) for n in ("base-url", "metrics-url")]
-
-
-def _endpoint_args(task: str) -> list:
-    from hera.workflows import Parameter
-
-    return [Parameter(name=n, value="{{tasks.%s.outputs.parameters.%s}}" % (task, n))
-            for n in ("base-url", "metrics-url")]
-
-
-def _validation_inputs() -> list:
-    from hera.workflows import Parameter
-
-    return [Parameter(name=n) for n in ("model", "base-url", "metrics-url")]
+    return Artifact(name="run", path="/tmp/in/run", optional=optional)
 
 
 def build_release(image: str = STEP_IMAGE):
@@ -209,30 +195,25 @@ def build_release(image: str = STEP_IMAGE):
     m = _hera()
     pod_sc, _ = _security()
     params = _common_params([
-        Parameter(name="revision", value="main", description="git sha (or ref) to release"),
-        Parameter(name="dry-run", value="false", enum=["false", "true"],
-                  description="render and validate only; rollout/promote/rollback run with --dry-run"),
+        Parameter(name="revision", value="main", description="free text: git sha (or ref) to release"),
         Parameter(name="skip-to-rollback", value="false", enum=["false", "true"],
-                  description="skip everything and roll the environment back"),
-        Parameter(name="validation-profile", value="balanced", enum=list(PROFILES),
-                  description="workload shape for bench and gate"),
+                  description="true: skip everything; drop a pending candidate and restore the last good release"),
     ])
     for p in params:
         if p.name == "step-image":
             p.value = image
     dry = "--dry-run=" + P % "dry-run"
-    base = ["--base-url", BASE_URL, "--api-key-env", API_KEY_ENV]
     target = ["--target", "kubernetes", "--overlay", OVERLAY, "--namespace", ENV_NS]
-    verdict = "{{tasks.gate.outputs.parameters.verdict}}"
+    verdict = "{{tasks.validate.outputs.parameters.verdict}}"
     skip = P % "skip-to-rollback"
 
     with WorkflowTemplate(
         name="pd-release",
         namespace=WORKFLOW_NAMESPACE,
-        labels={"app.kubernetes.io/part-of": "pdops", "app.kubernetes.io/name": "pd-release"},
+        labels={**PART_OF, "app.kubernetes.io/name": "pd-release"},
         annotations={"workflows.argoproj.io/description":
-                     "Release one prefill/decode overlay at a git revision: build-config, check, rollout, "
-                     "compat+bench, gate, then promote or roll back."},
+                     "Release one prefill/decode overlay at a git revision: check, rollout, validate (the "
+                     "overlay's release.yaml decides what), then promote or roll back."},
         entrypoint="release",
         on_exit="exit-handler",
         arguments=params,
@@ -243,53 +224,37 @@ def build_release(image: str = STEP_IMAGE):
         synchronization=m.Synchronization(mutexes=[m.Mutex(name="pd-release-" + P % "environment")]),
         pod_gc=m.PodGC(strategy="OnPodSuccess"),
         ttl_strategy=m.TTLStrategy(seconds_after_completion=7 * 24 * 3600),
-        metrics=_metrics("", "pd_release"),
+        metrics=_metrics("pd_release"),
     ) as wt:
-        build_config = _step("build-config", [
-            "set -eu; pdops build-config \"overlays/$PDOPS_ENVIRONMENT\" --json > /tmp/serve-config.json; "
-            "pdops workflows facts \"overlays/$PDOPS_ENVIRONMENT\" --out /tmp/facts"],
-            command=["sh", "-c"], retry=True,
-            outputs=[Parameter(name="model", value_from=m.ValueFrom(path="/tmp/facts/model")),
-                     Artifact(name="serve-config", path="/tmp/serve-config.json")])
-        check = _step("check", [
-            "set -eu; pdops render \"overlays/$PDOPS_ENVIRONMENT\" -o /tmp/rendered.yaml; "
-            "pdops check -f /tmp/rendered.yaml --json > /tmp/check.json"],
-            command=["sh", "-c"], retry=True,
-            outputs=[Artifact(name="rendered", path="/tmp/rendered.yaml"),
-                     Artifact(name="check", path="/tmp/check.json")])
+        check = _step("check", ["render", OVERLAY, "-o", f"{OUT}/manifest.yaml", "--outputs", OUT],
+                      outputs=_outcome("blocked", "check did not finish: see the check step's log")
+                      + [Artifact(name="manifest", path=f"{OUT}/manifest.yaml", optional=True)])
         rollout = _step("rollout", ["rollout", *target, "--revision", P % "revision", dry,
-                                    "--endpoint-out", "/tmp/endpoint"], outputs=_endpoint_outputs())
-        compat = _step("compat", ["compat", *base, "--model", MODEL, "--json", "/tmp/compat.json"],
-                       checkout=False, retry=True, inputs=_validation_inputs(), api_key=True,
-                       outputs=[Artifact(name="compat", path="/tmp/compat.json")])
-        bench = _step("bench", ["bench", *base, "--model", MODEL, "--profile", P % "validation-profile",
-                                "--concurrency", "8", "--requests", "128", "--warmup", "4",
-                                "--metrics-url", METRICS_URL, *METRICS_LAG, "--json", "/tmp/bench.json"],
-                      checkout=False, retry=True, cpu="1", memory="1Gi", inputs=_validation_inputs(),
-                      api_key=True, outputs=[Artifact(name="bench", path="/tmp/bench.json")])
-        gate = _step("gate", [_gate_script()], command=["sh", "-c"],
-                     inputs=[Artifact(name="compat", path="/tmp/in/compat.json"),
-                             Artifact(name="bench", path="/tmp/in/bench.json")],
-                     outputs=_gate_outputs(""))
-        promote = _step("promote", ["promote", *target, dry])
-        rollback = _step("rollback", ["rollback", *target, dry])
-        exit_rollback = _step("exit-rollback", ["rollback", *target, "--if-candidate-pending", dry])
+                                    "--timeout", str(ROLLOUT_TIMEOUT), "--outputs", OUT],
+                        outputs=_outcome("failed", "rollout did not finish: see the rollout step's log"))
+        validate = _step("validate", ["validate", *target, "--slot", "candidate", "--out", RUN, "--outputs", OUT],
+                         cpu="1", memory="2Gi", api_key=True,
+                         outputs=_outcome("failed", "validation did not finish: see the validate step's log", True)
+                         + [Artifact(name="run", path=RUN, optional=True)])
+        promote = _step("promote", ["promote", *target, dry, "--report", "/tmp/in/run"], inputs=[_run_artifact(False)])
+        rollback = _step("rollback", ["rollback", *target, dry, "--report", "/tmp/in/run",
+                                      "--reason", "the candidate did not pass validation"], inputs=[_run_artifact()])
+        skip_rollback = _step("skip-to-rollback", ["rollback", *target, dry, "--reason",
+                                                   "skip-to-rollback requested", "--outputs", OUT],
+                              outputs=_outcome("failed", "rollback did not finish: see its log"))
+        exit_rollback = _step("exit-rollback", ["rollback", *target, "--if-candidate-pending", dry, "--reason",
+                                                "the workflow ended {{workflow.status}} with a candidate pending"])
 
-        model_arg = [Parameter(name="model", value="{{tasks.build-config.outputs.parameters.model}}"),
-                     *_endpoint_args("rollout")]
+        run = [Artifact(name="run", from_="{{tasks.validate.outputs.artifacts.run}}")]
         with DAG(name="release"):
-            Task(name="build-config", template=build_config, when=f"{skip} == false")
-            Task(name="check", template=check, depends="build-config.Succeeded")
+            Task(name="check", template=check, when=f"{skip} == false")
             Task(name="rollout", template=rollout, depends="check.Succeeded")
-            Task(name="compat", template=compat, depends="rollout.Succeeded", arguments=model_arg)
-            Task(name="bench", template=bench, depends="rollout.Succeeded", arguments=model_arg)
-            Task(name="gate", template=gate, depends="compat.Succeeded && bench.Succeeded",
-                 arguments=[Artifact(name="compat", from_="{{tasks.compat.outputs.artifacts.compat}}"),
-                            Artifact(name="bench", from_="{{tasks.bench.outputs.artifacts.bench}}")])
-            Task(name="promote", template=promote, depends="gate.Succeeded", when=f"'{verdict}' == 'promote'")
-            Task(name="rollback", template=rollback, depends="gate.Succeeded || gate.Failed",
-                 when=f"'{verdict}' != 'promote'")
-            Task(name="skip-to-rollback", template=rollback, when=f"{skip} == true")
+            Task(name="validate", template=validate, depends="rollout.Succeeded", when=f"{P % 'dry-run'} == false")
+            Task(name="promote", template=promote, depends="validate.Succeeded", when=f"'{verdict}' == 'promote'",
+                 arguments=run)
+            Task(name="rollback", template=rollback, depends="validate.Succeeded || validate.Failed",
+                 when=f"'{verdict}' != 'promote'", arguments=run)
+            Task(name="skip-to-rollback", template=skip_rollback, when=f"{skip} == true")
 
         with DAG(name="exit-handler"):
             Task(name="rollback-if-pending", template=exit_rollback, when="{{workflow.status}} != Succeeded")
@@ -304,26 +269,21 @@ def build_canary(image: str = STEP_IMAGE):
     m = _hera()
     pod_sc, _ = _security()
     params = _common_params([
-        Parameter(name="revision", value="main", description="git ref of the stable release's overlay"),
+        Parameter(name="revision", value="main", description="free text: git ref whose release.yaml sets the SLOs"),
         Parameter(name="on-regression", value="alert", enum=["rollback", "alert"],
-                  description="what to do when the stable release regressed"),
-        Parameter(name="validation-profile", value="balanced", enum=list(PROFILES)),
-        Parameter(name="dry-run", value="false", enum=["false", "true"]),
-    ])
+                  description="rollback: restore the good release before the stable one; alert: fail the run"),
+    ], environment="prod")
     for p in params:
         if p.name == "step-image":
             p.value = image
-        if p.name == "environment":
-            p.value = "prod"    # the stable release users hit; on-regression defaults to alert
-    base = ["--base-url", BASE_URL, "--api-key-env", API_KEY_ENV]
     target = ["--target", "kubernetes", "--overlay", OVERLAY, "--namespace", ENV_NS]
-    verdict = "{{tasks.gate.outputs.parameters.verdict}}"
-    regressed = f"'{verdict}' != 'promote'"
+    verdict = "{{tasks.validate-stable.outputs.parameters.verdict}}"
+    on = P % "on-regression"
 
     with CronWorkflow(
         name="pd-canary",
         namespace=WORKFLOW_NAMESPACE,
-        labels={"app.kubernetes.io/part-of": "pdops", "app.kubernetes.io/name": "pd-canary"},
+        labels={**PART_OF, "app.kubernetes.io/name": "pd-canary"},
         schedules=["*/30 * * * *"],
         timezone="UTC",
         concurrency_policy="Forbid",
@@ -338,49 +298,33 @@ def build_canary(image: str = STEP_IMAGE):
         active_deadline_seconds=CANARY_DEADLINE,
         synchronization=m.Synchronization(mutexes=[m.Mutex(name="pd-release-" + P % "environment")]),
         pod_gc=m.PodGC(strategy="OnPodSuccess"),
-        metrics=_metrics("canary-", "pd_canary"),
+        metrics=_metrics("pd_canary"),
     ) as cw:
-        facts = _step("facts", ["workflows", "facts", OVERLAY, "--out", "/tmp/facts"], retry=True,
-                      outputs=[Parameter(name="model", value_from=m.ValueFrom(path="/tmp/facts/model"))])
-        compat = _step("compat", ["compat", *base, "--model", MODEL, "--json", "/tmp/compat.json"],
-                       checkout=False, retry=True, inputs=_validation_inputs(), api_key=True,
-                       outputs=[Artifact(name="compat", path="/tmp/compat.json")])
-        bench = _step("bench", ["bench", *base, "--model", MODEL, "--profile", P % "validation-profile",
-                                "--concurrency", "4", "--requests", "16", "--metrics-url", METRICS_URL,
-                                *METRICS_LAG, "--json", "/tmp/bench.json"],
-                      checkout=False, retry=True, inputs=_validation_inputs(), deadline=600,
-                      api_key=True, outputs=[Artifact(name="bench", path="/tmp/bench.json")])
-        gate = _step("gate", [_gate_script()], command=["sh", "-c"],
-                     inputs=[Artifact(name="compat", path="/tmp/in/compat.json"),
-                             Artifact(name="bench", path="/tmp/in/bench.json")],
-                     outputs=_gate_outputs("canary-"))
+        validate = _step("validate-stable", ["validate", *target, "--slot", "stable", "--out", RUN, "--outputs", OUT],
+                         cpu="1", memory="2Gi", api_key=True,
+                         outputs=_outcome("failed", "validation did not finish: see the validate step's log", True)
+                         + [Artifact(name="run", path=RUN, optional=True)])
         # The stable release itself regressed: restore the good release before it.
-        rollback = _step("rollback", ["rollback", *target, "--to-previous", "--reason",
-                                      "pd-canary: stable release regressed", "--dry-run=" + P % "dry-run"])
-        alert = _step("alert", ["echo \"pd-canary: stable release of $PDOPS_ENVIRONMENT regressed\" >&2; "
+        rollback = _step("rollback", ["rollback", *target, "--to-previous", "--report", "/tmp/in/run", "--reason",
+                                      "pd-canary: stable release regressed", "--dry-run=" + P % "dry-run"],
+                         inputs=[_run_artifact()])
+        alert = _step("alert", ["echo \"pd-canary: stable release of $PDOPS_ENVIRONMENT: $VERDICT\" >&2; "
                                 "printf '%s\\n' \"$SUMMARY\" >&2; exit 1"],
-                      command=["sh", "-c"], checkout=False,
-                      inputs=[Parameter(name="summary")])
-        alert.env = _env() + [m.EnvVar(name="SUMMARY", value="{{inputs.parameters.summary}}")]
+                      command=["sh", "-c"], checkout=False, retry=False,
+                      inputs=[Parameter(name="summary"), Parameter(name="verdict")])
+        alert.env = _env() + [m.EnvVar(name="SUMMARY", value="{{inputs.parameters.summary}}"),
+                              m.EnvVar(name="VERDICT", value="{{inputs.parameters.verdict}}")]
 
-        stable_endpoint = _step("stable-endpoint", ["endpoint", "--slot", "stable", *target, "--out", "/tmp/endpoint"],
-                                retry=True, outputs=_endpoint_outputs())
-        model_arg = [Parameter(name="model", value="{{tasks.facts.outputs.parameters.model}}"),
-                     *_endpoint_args("stable-endpoint")]
         with DAG(name="canary"):
-            Task(name="facts", template=facts)
-            Task(name="stable-endpoint", template=stable_endpoint)
-            ready = "facts.Succeeded && stable-endpoint.Succeeded"
-            Task(name="compat", template=compat, depends=ready, arguments=model_arg)
-            Task(name="bench", template=bench, depends=ready, arguments=model_arg)
-            Task(name="gate", template=gate, depends="compat.Succeeded && bench.Succeeded",
-                 arguments=[Artifact(name="compat", from_="{{tasks.compat.outputs.artifacts.compat}}"),
-                            Artifact(name="bench", from_="{{tasks.bench.outputs.artifacts.bench}}")])
-            Task(name="rollback", template=rollback, depends="gate.Succeeded || gate.Failed",
-                 when=f"{regressed} && {P % 'on-regression'} == rollback")
-            Task(name="alert", template=alert, depends="gate.Succeeded || gate.Failed",
-                 when=f"{regressed} && {P % 'on-regression'} == alert",
-                 arguments=[Parameter(name="summary", value="{{tasks.gate.outputs.parameters.summary}}")])
+            Task(name="validate-stable", template=validate)
+            # Only a verdict regresses the release; `failed` (validation could not run) alerts instead.
+            Task(name="rollback", template=rollback, depends="validate-stable.Failed",
+                 when=f"'{verdict}' == 'rollback' && {on} == rollback",
+                 arguments=[Artifact(name="run", from_="{{tasks.validate-stable.outputs.artifacts.run}}")])
+            Task(name="alert", template=alert, depends="validate-stable.Failed",
+                 when=f"'{verdict}' != 'rollback' || {on} == alert",
+                 arguments=[Parameter(name="summary", value="{{tasks.validate-stable.outputs.parameters.summary}}"),
+                            Parameter(name="verdict", value=verdict)])
     return cw
 
 
@@ -413,60 +357,6 @@ def render_all() -> dict[str, str]:
     return files
 
 
-def facts(overlay: Path) -> dict[str, str]:
-    """Values later steps need from the overlay's release spec (one file each under --out)."""
-    from workflows.spec import load_spec
-
-    spec = load_spec(Path(overlay))
-    return {"model": spec.model.id, "name": spec.name}
-
-
-def gate_outputs(report: dict[str, Any], exit_code: int) -> dict[str, str]:
-    """The gate's verdict and headline latencies (first bench), as output-parameter files."""
-    verdict = report.get("verdict") or ("promote" if exit_code == 0 else "rollback")
-    benches = report.get("benches") or [{}]
-    bench = benches[0] if isinstance(benches[0], dict) else {}
-
-    def num(*path: str) -> str:
-        d: Any = bench
-        for k in path:
-            d = d.get(k) if isinstance(d, dict) else None
-        return f"{float(d):g}" if isinstance(d, (int, float)) else "0"
-
-    return {"verdict": verdict if verdict in ("promote", "rollback") else "rollback",
-            "ttft-p50-ms": num("ttft_ms", "p50"), "ttft-p99-ms": num("ttft_ms", "p99"),
-            "itl-p50-ms": num("itl_ms", "p50"), "itl-p99-ms": num("itl_ms", "p99"),
-            "kv-prompt-tokens": num("server", "kv", "external_kv_prompt_tokens")}
-
-
-def cmd_facts(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, value in facts(Path(args.overlay)).items():
-        (out / name).write_text(value, encoding="utf-8")
-    return 0
-
-
-def cmd_gate_outputs(args: argparse.Namespace) -> int:
-    """Exit 0 when the gate decided (promote or rollback), its own code when it could not decide."""
-    import json
-    import sys
-
-    out = Path(args.report)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        report = json.loads((out / "report.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        report = {}
-    for name, value in gate_outputs(report, args.exit_code).items():
-        (out / name).write_text(value, encoding="utf-8")
-    if not (out / "summary.md").exists():
-        (out / "summary.md").write_text(f"# Validation: gate exited {args.exit_code} without a report\n",
-                                        encoding="utf-8")
-    print(f"verdict: {(out / 'verdict').read_text()}", file=sys.stderr)
-    return 0 if args.exit_code in (0, 1) and report else (args.exit_code or 1)
-
-
 def cmd_render(args: argparse.Namespace) -> int:
     import sys
 
@@ -485,11 +375,3 @@ def register(subparsers) -> None:
     r = actions.add_parser("render", help="write pd-release, pd-canary, events, rbac and a kustomization")
     r.add_argument("--out", default="kustomize/argo", help="output directory (default: kustomize/argo)")
     r.set_defaults(func=cmd_render)
-    f = actions.add_parser("facts", help="(step helper) write model id etc. of an overlay, one file each")
-    f.add_argument("overlay")
-    f.add_argument("--out", required=True)
-    f.set_defaults(func=cmd_facts)
-    g = actions.add_parser("gate-outputs", help="(step helper) export a gate report as output-parameter files")
-    g.add_argument("--report", required=True, help="the gate's --out directory")
-    g.add_argument("--exit-code", type=int, required=True, help="exit code of `pdops gate`")
-    g.set_defaults(func=cmd_gate_outputs)

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from workflows.errors import InputError
-from workflows.targets.base import TargetError
+from workflows.errors import InputError, MissingDependency
+from workflows.targets.base import EXIT_TRANSIENT, TargetError
 
 EPILOG = """\
 The main job, end to end on this machine (Ray + vLLM CPU + a tiny local model):
@@ -22,7 +22,8 @@ The flow of a release, one command per stage:
   pdops check -f rendered.yaml --json  the same for an already rendered manifest, for machines
   pdops build-config overlays/dev      the Ray Serve LLM application config alone
 
-Exit codes: 0 ok / promoted, 1 findings / rolled back / target failure, 2 bad input or usage.
+Exit codes: 0 ok / promoted, 1 findings / rolled back / target failure, 2 bad input or usage,
+            75 the target could not be reached or answered 5xx (transient: the Argo steps retry it).
 Settings: PDOPS_SCHEMA_DIR (pinned CRD/JSON schemas; default ../shared/schemas).
 """
 
@@ -43,10 +44,17 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     rendered = load_release(args.overlay, None)
     findings = check_rendered(rendered, _schema_dir(args))
+    from workflows import step_outputs
+
     if blocking(findings):
         _print_findings(findings, sys.stderr)
         print(f"render: {len(blocking(findings))} finding(s); nothing written", file=sys.stderr)
+        step_outputs.write(args.outputs, "blocked", step_outputs.lines(
+            f"blocked: {len(blocking(findings))} finding(s) in {args.overlay}", [f.render() for f in blocking(findings)]))
         return 1
+    step_outputs.write(args.outputs, "checked", step_outputs.lines(
+        f"checked: {args.overlay}", [f"{len(rendered.objects)} objects, no blocking finding"]
+        + [f.render() for f in findings if f.severity == "warning"]))
     text = rendered.text()
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
@@ -117,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="overlay -> deployable multi-document YAML (checked first)")
     p.add_argument("overlay", help="overlay directory, e.g. overlays/local")
     p.add_argument("-o", "--output", help="write to FILE instead of stdout")
+    p.add_argument("--outputs", metavar="DIR",
+                   help="(Argo steps) also write verdict (checked|blocked) and summary, one file each, into DIR")
     schema_flag(p)
     p.set_defaults(func=cmd_render)
 
@@ -145,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
 
-    for module in ("workflows.release_cli", "validation.cli", "workflows.argo"):  # commands owned by those modules
+    for module in ("workflows.release_cli", "workflows.validate_cli", "validation.cli", "workflows.argo"):  # commands owned by those modules
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module).register(sub)
     return parser
@@ -163,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2
     except TargetError as exc:
-        print(f"failed: {exc.render()}", file=sys.stderr)
+        print(f"failed{' (transient: safe to retry)' if exc.transient else ''}: {exc.render()}", file=sys.stderr)
+        return EXIT_TRANSIENT if exc.transient else 1
+    except MissingDependency as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

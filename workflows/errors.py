@@ -15,3 +15,13 @@ class InputError(Exception):
 
     def to_dict(self) -> dict[str, str]:
         return {"file": self.file, "field": self.field, "problem": self.problem, "fix": self.fix}
+
+
+class MissingDependency(Exception):
+    """A package a command needs is not installed (the CLI names it and how to get it; exit 1)."""
+
+    def __init__(self, package: str, needed_for: str, cause: BaseException | None = None) -> None:
+        self.package, self.needed_for = package, needed_for
+        detail = f" ({type(cause).__name__}: {cause})" if cause else ""
+        super().__init__(f"{package} is not installed; {needed_for} needs it{detail}\n"
+                         "  fix: run `make setup` (scripts/setup.sh), or use the step image built from the Dockerfile")

@@ -4,7 +4,8 @@
 - Role `pd-release` in each environment namespace: what rollout/promote/rollback/compat/bench need.
 - Role `pd-release-executor` in the workflow namespace: what the Argo executor needs to report
   step outputs (workflowtaskresults), nothing else.
-- ServiceAccount + Role `pd-release-sensor`: the Argo Events sensor may create Workflows, nothing else.
+- ServiceAccount + Role `pd-release-sensor`: the Argo Events sensor may submit pd-release (create and list
+  Workflows, get the WorkflowTemplate), nothing else.
 """
 from __future__ import annotations
 
@@ -31,8 +32,18 @@ RELEASE_RULES: list[dict[str, Any]] = [
 EXECUTOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
 ]
+# Exactly what Argo Events v1.9.11's argoWorkflow trigger (operation submit) calls with the Sensor's
+# service account (pkg/sensors/triggers/argo-workflow/argo-workflow.go, Execute): `argo -n NS submit
+# FILE`, which in argo v4.0.10 (cmd/argo/commands/submit.go submitWorkflows -> server/workflow/
+# workflow_server.go CreateWorkflow) validates the Workflow, resolving its workflowTemplateRef with a
+# GET of the WorkflowTemplate (workflow/templateresolution WrapWorkflowTemplateInterface), then creates
+# it; the trigger then LISTs workflows by its own labels to return what it created. The CLI's
+# ClusterWorkflowTemplate access check (util/rbac HasAccessToClusterWorkflowTemplates) is a
+# SelfSubjectAccessReview, which Kubernetes allows every authenticated user (system:basic-user):
+# without cluster-template access the CLI uses a null getter, which pd-release never needs.
 SENSOR_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["create"]},
+    {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["create", "list"]},
+    {"apiGroups": ["argoproj.io"], "resources": ["workflowtemplates"], "verbs": ["get"]},
 ]
 LABELS = PART_OF
 

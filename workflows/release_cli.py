@@ -110,6 +110,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     """Argo's rollout step: render + check the overlay, apply it as the candidate, wait until it serves."""
+    from workflows import step_outputs
     from workflows.checks.schema import schema_dir_from_env
     from workflows.steps import blocking, check_rendered, load_release, record_of, revision_of
 
@@ -119,16 +120,28 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if errors:
         for f in errors:
             print(f.render(), file=sys.stderr)
+        step_outputs.write(args.outputs, "blocked", step_outputs.lines("blocked: check found problems",
+                                                                       [f.render() for f in errors]))
         return 1
     record = record_of(rendered, args.revision or revision_of(Path(args.overlay)))
     target = open_target(args)
     _refuse_local_dry_run(args)
-    with target.session():
-        record = target.apply(record, say)
-        if args.dry_run:
-            _emit(args, {"dry_run": True, "release": record.short()}, f"dry run: {record.short()} would roll out")
-            return 0
-        endpoint = target.wait_ready(args.timeout, say)
+    try:
+        with target.session():
+            record = target.apply(record, say)
+            if args.dry_run:
+                step_outputs.write(args.outputs, "dry-run", step_outputs.lines(
+                    f"dry run: {record.short()} would roll out", ["the API server admitted every object; nothing stored"]))
+                _emit(args, {"dry_run": True, "release": record.short()}, f"dry run: {record.short()} would roll out")
+                return 0
+            endpoint = target.wait_ready(args.timeout, say)
+    except TargetError as exc:
+        if not exc.transient:   # a transient error is retried: the next try writes the outcome
+            step_outputs.write(args.outputs, "failed", step_outputs.lines(
+                f"failed: rollout of {record.short()}", [exc.problem, *exc.details]))
+        raise
+    step_outputs.write(args.outputs, "pending", step_outputs.lines(
+        f"candidate {record.short()} serves", [f"{record.colour} at {endpoint.base_url}"]))
     _emit(args, {"release": record.short(), "colour": record.colour, "endpoint": endpoint.model_dump()},
           f"candidate {record.short()} ({record.colour}) serves at {endpoint.base_url}")
     return 0
@@ -147,8 +160,11 @@ def cmd_promote(args: argparse.Namespace) -> int:
     say = _progress(time.monotonic())
     _refuse_local_dry_run(args)
     target = open_target(args)
+    from workflows.steps import baseline_of
+
     with target.session():
-        record = target.promote(_reasons(args.report) or ["promoted by hand"], args.report, say)
+        record = target.promote(_reasons(args.report) or ["promoted by hand"], args.report, say,
+                                baseline=baseline_of(args.report))
     _emit(args, {"promoted": record.short(), "colour": record.colour}, f"stable is now {record.short()}")
     return 0
 
@@ -163,6 +179,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             return 0
         action = target.rollback(_reasons(args.report) or [args.reason], args.report, say,
                                  to_previous=args.to_previous)
+    from workflows import step_outputs
+
+    step_outputs.write(args.outputs, "rolled-back", step_outputs.lines("rolled back", [args.reason, action]))
     _emit(args, {"action": action}, action)
     return 0
 
@@ -216,19 +235,26 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    def target_flags(p: argparse.ArgumentParser, overlay: bool = False) -> None:
-        p.add_argument("--target", choices=("local", "kubernetes"), default="local",
-                       help="local: Ray on 127.0.0.1 (default); kubernetes: the cluster of your kubeconfig")
-        if overlay:
-            p.add_argument("--overlay", default="overlays/local", help="overlay directory (default overlays/local)")
-        p.add_argument("--namespace", help="kubernetes: namespace of the RayServices (llm-<env>)")
-        p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)")
-        p.add_argument("--context", help="kubernetes: kubeconfig context")
-        p.add_argument("--dry-run", type=_bool, default=False, metavar="BOOL",
-                       help="kubernetes: server-side dry run, nothing persisted (default false)")
-        p.add_argument("--json", action="store_true", help="print the result as JSON")
+def target_flags(p: argparse.ArgumentParser, overlay: bool = False) -> None:
+    """The flags every command acting on a target shares."""
+    p.add_argument("--target", choices=("local", "kubernetes"), default="local",
+                   help="local: Ray on 127.0.0.1 (default); kubernetes: the cluster of your kubeconfig")
+    if overlay:
+        p.add_argument("--overlay", default="overlays/local", help="overlay directory (default overlays/local)")
+    p.add_argument("--namespace", help="kubernetes: namespace of the RayServices (llm-<env>)")
+    p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--context", help="kubernetes: kubeconfig context")
+    p.add_argument("--dry-run", type=_bool, default=False, metavar="BOOL",
+                   help="kubernetes: server-side dry run, nothing persisted (default false)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
+
+def outputs_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--outputs", metavar="DIR",
+                   help="(Argo steps) also write verdict, summary and figures, one file each, into DIR")
+
+
+def register(sub) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("release", help="the whole pipeline on one overlay: check, rollout, validate, promote|rollback",
                        description=RELEASE_HELP, formatter_class=fmt)
@@ -242,6 +268,7 @@ def register(sub) -> None:
     target_flags(p, overlay=True)
     p.add_argument("--revision", help="git revision to record")
     p.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the candidate")
+    outputs_flag(p)
     p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("promote", help="(step) the candidate takes the stable name; recorded as the last good release")
@@ -257,6 +284,7 @@ def register(sub) -> None:
                    help="the stable release regressed: mark it so and restore the good release before it")
     p.add_argument("--report", help="the gate's report folder (its reasons go into the history)")
     p.add_argument("--reason", default="rolled back by hand", help="why, for the history")
+    outputs_flag(p)
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("status", help="what is stable, what is pending, the last good release and the history")

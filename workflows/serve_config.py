@@ -104,7 +104,14 @@ def app_args(serve_config: dict[str, Any]) -> dict[str, Any]:
 def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
     """Run Ray's own PDServingArgs validation; raise InputError naming the field on failure."""
     from pydantic import ValidationError
-    from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
+
+    try:   # Ray Serve LLM's config models import an engine package (vLLM) at import time
+        from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
+    except ImportError as exc:
+        from workflows.errors import MissingDependency
+
+        missing = getattr(exc, "name", None) or ("vllm" if "vLLM" in str(exc) else "ray[serve]")
+        raise MissingDependency(missing, "validating the serve config with Ray Serve LLM's own models", exc) from None
 
     args = app_args(serve_config)
     paths = [key for key, value in args.items() if isinstance(value, str)]

@@ -107,9 +107,10 @@ def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
 
 
 def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progress: Progress,
-                       reference: list[dict] | None, stable_report: str | None = None,
+                       reference: list[dict] | None, stable: list[dict] | None = None,
                        api_key: str | None = None, current: Callable[[], Endpoint] | None = None) -> dict[str, Any]:
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
+    `stable`: the baseline benches `vs_stable` compares against (`stable_baseline`).
     `current` re-reads the candidate's endpoint after validation, to see engines that were replaced."""
     from validation import compat as compat_suite
     from validation import gate, golden, profiles, report
@@ -139,19 +140,82 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                                  spec.validation.golden_max_tokens, api_key, timeout)
         matched = golden.compare(reference, answers)
         _dump(run / "golden.json", matched)
-    stable = None
-    if stable_report:
-        try:
-            stable = json.loads((Path(stable_report) / "report.json").read_text()).get("benches")
-        except (OSError, ValueError):
-            progress(f"[validate] the stable release's report is unreadable ({stable_report}); no vs-stable check")
     replaced = replaced_engines(endpoint, current()) if current else None
     decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced)
     try:
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
         raise RunFolderError(run, exc) from exc
-    return {"decision": decision, "report": files, "golden": matched}
+    return {"decision": decision, "report": files, "golden": matched, "benches": benches}
+
+
+def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[dict] | None:
+    """The benches `vs_stable` compares a candidate with: those recorded when `record` was promoted
+    (kept in the target's history, so the Argo pipeline has them without the earlier run's files),
+    else its report folder's (local releases promoted before baselines were recorded)."""
+    if record is None:
+        return None
+    if record.baseline is not None:
+        return record.baseline
+    if not record.report:
+        return None
+    try:
+        return json.loads((Path(record.report) / "report.json").read_text()).get("benches")
+    except (OSError, ValueError, AttributeError):
+        progress(f"[validate] the stable release's report is unreadable ({record.report}); no vs-stable check")
+        return None
+
+
+_FETCH = object()   # validate_slot: ask the target for the golden reference
+
+
+def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progress, *,
+                  slot: str = "candidate", digest: str | None = None, reference: Any = _FETCH,
+                  api_key: str | None = None) -> dict[str, Any]:
+    """Validate what a slot serves with the overlay's `validation` and `slo`: the stage `pdops release`
+    runs after rollout, and what the Argo `validate` step (candidate) and pd-canary (stable) run.
+
+    The candidate is compared with the last good release's baseline; the stable slot (the canary)
+    with its own baseline from when it was promoted, so a release that drifted since is caught.
+    `digest`: the release the caller means to judge; a slot holding another is refused (the
+    cluster must serve what the overlay renders, or the verdict would be about something else)."""
+    status = target.status()
+    held = status.candidate if slot == "candidate" else status.stable
+    record = held.release
+    if record is None:
+        raise TargetError(f"no {slot} release to validate",
+                          ["run `pdops rollout` first" if slot == "candidate" else "nothing has been promoted yet"])
+    if record.model != spec.model.id:
+        raise TargetError(f"the {slot} slot serves model {record.model}, the overlay's release.yaml names "
+                          f"{spec.model.id}", ["validate with the overlay revision the slot was released from"])
+    if digest is not None and record.digest != digest:
+        raise TargetError(f"the {slot} slot holds {record.short()}, not the release the overlay renders "
+                          f"({digest[7:19]})", ["roll the overlay out first, or validate the revision that is deployed"])
+    if reference is _FETCH:
+        reference = None
+        if spec.validation.golden_prompts:
+            from validation import golden
+
+            reference = target.reference(record, golden.prompts(spec.validation.golden_prompts),
+                                         spec.validation.golden_max_tokens, progress)
+    baseline = stable_baseline(status.last_good if slot == "candidate" else record, progress)
+    endpoint = target.endpoint(slot)  # type: ignore[arg-type]
+    progress(f"[validate] {slot} {record.short()} at {endpoint.base_url}")
+    result = validate_candidate(endpoint, spec, run, progress, reference, baseline, api_key,
+                                lambda: target.endpoint(slot))  # type: ignore[arg-type]
+    result["release"] = record.short()
+    return result
+
+
+def baseline_of(report: str | None) -> list[dict] | None:
+    """The benches of a report folder, as a promote records them for later `vs_stable` checks."""
+    if not report:
+        return None
+    try:
+        benches = json.loads((Path(report) / "report.json").read_text()).get("benches")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return benches if isinstance(benches, list) else None
 
 
 class RunFolderError(Exception):
@@ -237,12 +301,10 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
         progress(f"[3/5 rollout] {record.short()} as the candidate on the {target.kind} target")
         try:
             record = target.apply(record, progress)
-            endpoint = target.wait_ready(ready_timeout_s, progress)
-            progress(f"[4/5 validate] candidate at {endpoint.base_url}")
-            last_good = target.status().last_good
-            result = validate_candidate(endpoint, spec, run, progress, reference,
-                                        last_good.report if last_good else None, api_key,
-                                        lambda: target.endpoint("candidate"))
+            target.wait_ready(ready_timeout_s, progress)
+            progress("[4/5 validate] the candidate serves")
+            result = validate_slot(target, spec, run, progress, digest=record.digest, reference=reference,
+                                   api_key=api_key)
         except (TargetError, RunFolderError) as exc:
             reasons = ([f"candidate failed on the target: {exc.problem}", *exc.details]
                        if isinstance(exc, TargetError) else [f"validation could not record its results: {exc}"])
@@ -257,7 +319,7 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
         outcome.update(report=result["report"], checks_failed=decision["failed"], checks_passed=decision["passed"])
         if decision["verdict"] == "promote":
             progress("[5/5 promote] every gate passed")
-            target.promote(decision["reasons"], str(run), progress)
+            target.promote(decision["reasons"], str(run), progress, baseline=baseline_of(str(run)))
             return finish("promote", decision["reasons"])
         progress(f"[5/5 rollback] {decision['failed']} gate check(s) failed")
         undo = target.rollback(decision["reasons"], str(run), progress)

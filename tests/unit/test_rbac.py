@@ -35,8 +35,15 @@ GRANTS: dict[tuple[str, str, str, str], tuple[set[str], str]] = {
         {"get", "create", "patch", "delete"}, "a Lease keeps two releases of one environment apart"),
     ("pd-release-executor", argo.WORKFLOW_NAMESPACE, "argoproj.io", "workflowtaskresults"): (
         {"create", "patch"}, "the Argo executor reports step outputs"),
+    # The git-push Sensor submits pd-release, nothing else. Each verb is what upstream code calls with
+    # the Sensor's service account (argo-events v1.9.11, argo-workflows v4.0.10):
     ("pd-release-sensor", argo.WORKFLOW_NAMESPACE, "argoproj.io", "workflows"): (
-        {"create"}, "the git-push Sensor submits pd-release, nothing else"),
+        {"create", "list"},
+        "create: `argo submit` -> server/workflow/workflow_server.go CreateWorkflow; list: the trigger "
+        "then lists by its labels, pkg/sensors/triggers/argo-workflow/argo-workflow.go Execute"),
+    ("pd-release-sensor", argo.WORKFLOW_NAMESPACE, "argoproj.io", "workflowtemplates"): (
+        {"get"}, "CreateWorkflow -> validate.ValidateWorkflow resolves workflowTemplateRef through "
+                 "workflow/templateresolution WrapWorkflowTemplateInterface (a GET)"),
 }
 # Read-only secrets access is not granted at all: the API key and webhook secret reach pods as
 # secretKeyRef env, which the kubelet resolves; no step reads a Secret through the API.

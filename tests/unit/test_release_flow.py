@@ -55,8 +55,9 @@ class RecordingTarget:
     def endpoint(self, slot):
         return self.endpoint_
 
-    def promote(self, reasons, report, progress):
+    def promote(self, reasons, report, progress, *, baseline=None):
         self.calls.append("promote")
+        self.baseline = baseline
         self.stable, self.candidate = self.candidate, None
         return self.stable
 
@@ -224,8 +225,10 @@ def test_an_engine_replaced_during_validation_rolls_back_the_candidate(server, o
     started = endpoint(server).model_copy(update={"metrics_phases": {"prefill": {"ReplicaId": ["p1"]},
                                                                       "decode": {"ReplicaId": ["d1"]}}})
     target = RecordingTarget(started)
-    monkeypatch.setattr(target, "endpoint", lambda slot: started.model_copy(update={
-        "metrics_phases": {"prefill": {"ReplicaId": ["p2"]}, "decode": {"ReplicaId": ["d1"]}}}))
+    replaced = started.model_copy(update={"metrics_phases": {"prefill": {"ReplicaId": ["p2"]},
+                                                             "decode": {"ReplicaId": ["d1"]}}})
+    reads = iter([started])   # validation starts on p1; every later read sees p2 (Serve replaced it)
+    monkeypatch.setattr(target, "endpoint", lambda slot: next(reads, replaced))
     out, _ = run(overlay, target, tmp_path)
     assert out["verdict"] == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
     assert out["reasons"] == ["engines replaced during validation: prefill p1 replaced by p2"]

@@ -55,6 +55,9 @@ class ReleaseRecord(BaseModel):
     verdict: Verdict = "pending"
     reasons: list[str] = []
     report: str | None = None        # where this release's validation report is (path or artifact)
+    # The benches it was promoted on (slim: summaries, no samples): what `vs_stable` compares later
+    # candidates, and the canary the release itself, with, wherever the report files are.
+    baseline: list[dict] | None = None
     decided_at: float | None = None
 
     @classmethod
@@ -80,11 +83,17 @@ class TargetStatus(BaseModel):
     last_good: ReleaseRecord | None = None
 
 
-class TargetError(Exception):
-    """The target could not do what was asked (not ready in time, deploy failed, busy). Exit 1."""
+EXIT_TRANSIENT = 75   # sysexits.h EX_TEMPFAIL: "try again later"; the only exit code Argo retries
 
-    def __init__(self, problem: str, details: list[str] | None = None) -> None:
-        self.problem, self.details = problem, list(details or [])
+
+class TargetError(Exception):
+    """The target could not do what was asked (not ready in time, deploy failed, busy). Exit 1.
+
+    `transient`: the target could not be reached or answered 5xx/429 (not a verdict about the
+    release): the CLI exits EXIT_TRANSIENT and the Argo steps retry on that code alone."""
+
+    def __init__(self, problem: str, details: list[str] | None = None, *, transient: bool = False) -> None:
+        self.problem, self.details, self.transient = problem, list(details or []), transient
         super().__init__(self.render())
 
     def render(self) -> str:
@@ -112,8 +121,10 @@ class Target(Protocol):
     def endpoint(self, slot: Literal["stable", "candidate"]) -> Endpoint:
         """How validation and users reach a slot."""
 
-    def promote(self, reasons: list[str], report: str | None, progress: Progress) -> ReleaseRecord:
-        """Candidate takes the stable name; it is recorded as the last good release."""
+    def promote(self, reasons: list[str], report: str | None, progress: Progress, *,
+                baseline: list[dict] | None = None) -> ReleaseRecord:
+        """Candidate takes the stable name; it is recorded as the last good release (with `baseline`,
+        the benches it was promoted on)."""
 
     def rollback(self, reasons: list[str], report: str | None, progress: Progress, *,
                  to_previous: bool = False) -> str:

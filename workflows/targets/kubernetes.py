@@ -288,14 +288,15 @@ class KubernetesTarget:
                               ["run `pdops rollout` (and promote) first"])
         return self._endpoint(slot, record)
 
-    def promote(self, reasons: list[str], report: str | None, progress: Progress) -> ReleaseRecord:
+    def promote(self, reasons: list[str], report: str | None, progress: Progress, *,
+                baseline: list[dict] | None = None) -> ReleaseRecord:
         state = self._state()
         candidate = self._candidate(state)
         if not (self.dry_run and candidate is self._dry_candidate) and self._get("RayService", self._rs_name(candidate)) is None:
             raise TargetError(f"the candidate's RayService {self._rs_name(candidate)} is gone; nothing to promote",
                               ["run `pdops rollback` to record it and check the stable slot"])
         previous = state.stable
-        promoted = self._decided(candidate, "promote", reasons, report)
+        promoted = self._decided(candidate, "promote", reasons, report).model_copy(update={"baseline": baseline})
         state.history, state.stable, state.candidate = appended(state.history, promoted), promoted, None
         self._save(state)  # intent first: rollback re-points the Service if the run dies before the switch
         self._switch(promoted, progress)
@@ -659,7 +660,8 @@ class KubernetesTarget:
             return fn(*args, **kwargs)
         except urllib3.exceptions.HTTPError as exc:
             raise TargetError(f"cannot reach the Kubernetes API at {self.api.configuration.host}: {exc}",
-                              ["check --kubeconfig/--context and that the cluster endpoint is reachable"]) from None
+                              ["check --kubeconfig/--context and that the cluster endpoint is reachable"],
+                              transient=True) from None
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """A CoreV1Api call as plain JSON (the typed models would reject partial objects)."""
@@ -753,7 +755,11 @@ def _api_error(exc: ApiException, what: str, namespace: str) -> TargetError:
     if exc.status == 403:
         details.append("the pd-release Role (kustomize/argo/rbac.yaml) grants what rollout/promote/rollback need in "
                        f"{namespace}; check the ServiceAccount the step runs as")
-    return TargetError(f"Kubernetes API refused to {what} in {namespace}: {exc.status} {exc.reason}", details)
+    # 5xx and 429 are the API server's "try again" (client-go's rest client retries them too);
+    # 0 is no HTTP answer at all. 4xx are answers about the request: retrying changes nothing.
+    transient = exc.status is None or exc.status == 0 or exc.status == 429 or exc.status >= 500
+    return TargetError(f"Kubernetes API refused to {what} in {namespace}: {exc.status} {exc.reason}", details,
+                       transient=transient)
 
 
 def _load_client(kubeconfig: str | None, context: str | None) -> client.ApiClient:

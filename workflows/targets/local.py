@@ -310,12 +310,13 @@ class LocalTarget:
         self._wait(candidate, timeout_s, progress, "rollout")
         return self.endpoint("candidate")
 
-    def promote(self, reasons: list[str], report: str | None, progress: Progress) -> ReleaseRecord:
+    def promote(self, reasons: list[str], report: str | None, progress: Progress, *,
+                baseline: list[dict] | None = None) -> ReleaseRecord:
         slots = self._slots()
         if slots.candidate is None:
             raise TargetError("no candidate to promote", ["run `pdops release` (or `pdops rollout`) first"])
         promoted = slots.candidate.model_copy(update={"verdict": "promote", "reasons": reasons, "report": report,
-                                                      "decided_at": time.time()})
+                                                      "baseline": baseline, "decided_at": time.time()})
         self._record(promoted)  # history first: the promoted release is recoverable before it serves
         self._save(_Slots(stable=promoted))
         progress(f"[promote] {promoted.short()} ({promoted.colour}) now serves at {ROUTES['stable']}")

@@ -1,0 +1,86 @@
+"""`pdops validate`: judge what a slot serves, with the overlay's own `validation` and `slo`.
+
+The same stage `pdops release` runs after rollout (`steps.validate_slot`), as a command of its own
+for the Argo `validate` step (the candidate) and pd-canary (the stable release). Nothing about what
+is validated lives in the workflow YAML: compat, every `validation.load`, KV evidence, golden tokens
+where the target has a reference, `vs_stable` and the gate all come from release.yaml.
+Exit codes: 0 promote, 1 rollback or failed (a verdict, never retried), 2 bad input,
+75 the target could not be reached (transient: the Argo step retries it).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from workflows.release_cli import _api_key, _emit, _progress, open_target, outputs_flag, target_flags
+from workflows.targets.base import TargetError
+
+HELP = """\
+Validates a deployed slot against the overlay's release.yaml and prints the gate's verdict:
+  compat       the OpenAI-compatibility suite (validation.compat.optional do not block)
+  bench        every validation.load, with the engines' own histograms per phase and KV evidence
+  golden       P/D answers equal to a single engine's, where the target provides a reference
+  vs_stable    candidate: against the last good release's baseline; stable: against its own
+  gate         the slo thresholds -> promote | rollback, with reasons
+The run folder (--out, or a new folder under --runs) holds compat/bench JSON and the report.
+
+examples:
+  pdops validate --target kubernetes --overlay overlays/dev --namespace llm-dev --out /tmp/run
+  pdops validate --slot stable --target kubernetes --overlay overlays/prod --namespace llm-prod
+  pdops validate                       the local candidate of overlays/local (after `pdops rollout`)
+"""
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from workflows import step_outputs
+    from workflows.manifest import render
+    from workflows.steps import RunFolderError, new_run_dir, record_of, validate_slot
+
+    say = _progress(time.monotonic())
+    overlay = Path(args.overlay)
+    rendered = render(overlay)   # the spec, and the digest of what the overlay renders
+    assert rendered.spec is not None
+    digest = record_of(rendered, "").digest if args.slot == "candidate" else None
+    if args.out:
+        run = Path(args.out)
+        run.mkdir(parents=True, exist_ok=True)
+    else:
+        run = new_run_dir(Path(args.runs), overlay.name)
+    say(f"[validate] {args.slot} of {overlay} on the {args.target} target; run folder {run}")
+    target = open_target(args)
+    try:
+        result = validate_slot(target, rendered.spec, run, say, slot=args.slot, digest=digest, api_key=_api_key())
+    except TargetError as exc:
+        if exc.transient:
+            raise
+        reasons = [exc.problem, *exc.details]
+    except RunFolderError as exc:
+        reasons = [f"validation could not record its results: {exc}"]
+    else:
+        decision = result["decision"]
+        summary = (run / "summary.md").read_text(encoding="utf-8") if (run / "summary.md").is_file() else \
+            step_outputs.lines(decision["verdict"], decision["reasons"])
+        step_outputs.write(args.outputs, decision["verdict"], summary, result.get("benches") or [])
+        lines = [f"{decision['verdict'].upper()}: {result['release']} ({decision['passed']} checks passed, "
+                 f"{decision['failed']} failed)", *(f"  - {r}" for r in decision["reasons"][:12]),
+                 f"report: {result['report']['markdown']}"]
+        _emit(args, {"verdict": decision["verdict"], "release": result["release"], "reasons": decision["reasons"],
+                     "run": str(run), "report": result["report"]}, "\n".join(lines))
+        return 0 if decision["verdict"] == "promote" else 1
+    step_outputs.write(args.outputs, "failed", step_outputs.lines(f"failed: validation of the {args.slot}", reasons))
+    _emit(args, {"verdict": "failed", "reasons": reasons, "run": str(run)},
+          "FAILED: " + reasons[0] + "".join(f"\n  - {r}" for r in reasons[1:]))
+    return 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="judge a deployed slot with the overlay's validation and SLOs (the Argo step)",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    target_flags(p, overlay=True)
+    p.add_argument("--slot", choices=("candidate", "stable"), default="candidate",
+                   help="candidate (a release; default) or stable (the canary)")
+    p.add_argument("--out", help="run folder to write (created; default: a new folder under --runs)")
+    p.add_argument("--runs", default="runs", help="where new run folders go (default runs/)")
+    outputs_flag(p)
+    p.set_defaults(func=cmd_validate)
