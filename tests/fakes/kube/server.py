@@ -1,0 +1,223 @@
+"""The HTTP face of the test API server: Kubernetes REST paths onto `Store`, as kube-apiserver serves them.
+
+Paths: /api/v1/... and /apis/GROUP/VERSION/..., namespaced (`namespaces/NS/PLURAL[/NAME[/status]]`)
+and cluster-scoped or all-namespace (`PLURAL[/NAME]`). Verbs: GET (get; list with `labelSelector`
+in the equality and set forms of k8s.io/apimachinery/pkg/labels, and `fieldSelector` on dotted
+paths), POST, PUT, PATCH (merge-patch, strategic-merge taken as merge, json-patch, apply-patch),
+DELETE (DeleteOptions preconditions, `dryRun` in the query or the body). `watch=true` is refused
+(400): pdops polls. Unknown resources answer 404 like an API server without the CRD.
+
+Fault injection for tests: `faults.forbidden` (plurals answered 403), `faults.failing`
+({plural: n}: the next n writes answer 500 "etcdserver: request timed out"), `faults.before_write`
+(callables run before each write, to interleave another writer), and `requests` records every
+request (method, path, query, user agent, body).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import aiohttp.web
+import yaml
+
+from tests.fakes.kube import apply as ssa
+from tests.fakes.kube.store import BY_PATH, ApiError, Resource, Store, not_found
+
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    params: dict[str, str]
+    agent: str
+    body: Any
+
+
+@dataclass
+class Faults:
+    forbidden: set[str] = field(default_factory=set)
+    failing: dict[str, int] = field(default_factory=dict)
+    before_write: list[Callable[[Request], None]] = field(default_factory=list)
+
+
+_REQ = re.compile(r"^\s*([^\s!=,()]+)\s*(in|notin)\s*\(([^)]*)\)\s*$")
+
+
+def label_matcher(selector: str) -> Callable[[dict], bool]:
+    """k8s.io/apimachinery/pkg/labels.Parse: `a=b`, `a==b`, `a!=b`, `a in (x,y)`, `a notin (x)`, `a`, `!a`."""
+    terms, depth, cur = [], 0, ""
+    for ch in selector:  # split on commas outside parentheses
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            terms.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    terms.append(cur)
+    checks: list[Callable[[dict], bool]] = []
+    for term in (t.strip() for t in terms if t.strip()):
+        if m := _REQ.match(term):
+            key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
+            checks.append(lambda l, k=key, vs=values: l.get(k) in vs) if op == "in" else \
+                checks.append(lambda l, k=key, vs=values: l.get(k) not in vs)
+        elif "!=" in term:
+            k, v = (s.strip() for s in term.split("!=", 1))
+            checks.append(lambda l, k=k, v=v: l.get(k) != v)
+        elif "=" in term:
+            k, v = (s.strip() for s in term.replace("==", "=").split("=", 1))
+            checks.append(lambda l, k=k, v=v: l.get(k) == v)
+        elif term.startswith("!"):
+            checks.append(lambda l, k=term[1:].strip(): k not in l)
+        else:
+            checks.append(lambda l, k=term: k in l)
+    return lambda labels: all(c(labels) for c in checks)
+
+
+def field_matcher(selector: str) -> Callable[[dict], bool]:
+    def value(obj: Any, path: str) -> str:
+        for part in path.split("."):
+            obj = obj.get(part) if isinstance(obj, dict) else None
+        return "" if obj is None else str(obj)
+    terms = [t.strip() for t in selector.split(",") if t.strip()]
+    pairs = [(t.split("!=", 1), False) if "!=" in t else (t.replace("==", "=").split("=", 1), True) for t in terms]
+    return lambda o: all((value(o, k) == v) == eq for (k, v), eq in pairs)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 (strategic merge is taken as this: lists replaced, null deletes)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def json_patch(target: dict, ops: list[dict]) -> dict:
+    import copy
+    doc = copy.deepcopy(target)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        last = parts[-1]
+        key = (len(parent) if last == "-" else int(last)) if isinstance(parent, list) else last
+        if op["op"] == "test" and parent[key] != op["value"]:
+            raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: test failed at {op['path']}")
+        elif op["op"] == "remove":
+            del parent[key]
+        elif op["op"] in ("add", "replace"):
+            if isinstance(parent, list) and op["op"] == "add":
+                parent.insert(key, op["value"])
+            else:
+                parent[key] = op["value"]
+    return doc
+
+
+class ApiServer:
+    def __init__(self, store: Store) -> None:
+        self.store, self.faults, self.requests = store, Faults(), []
+        self.app = aiohttp.web.Application(client_max_size=3 * 1024 * 1024)  # apiserver's MaxRequestBodyBytes
+        self.app.router.add_route("*", "/{tail:.*}", self.handle)
+
+    async def handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        raw = await request.read()
+        try:
+            body = (yaml.safe_load(raw) if "yaml" in (request.content_type or "") else json.loads(raw)) if raw else None
+        except ValueError as exc:
+            return _error(ApiError(400, "BadRequest", f"cannot decode the body: {exc}"))
+        req = Request(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""), body)
+        self.requests.append(req)
+        try:
+            return aiohttp.web.json_response(self.serve(req, request.content_type or ""))
+        except ApiError as exc:
+            return _error(exc)
+        except ssa.ApplyConflict as exc:
+            return _error(ApiError(409, "Conflict", str(exc)))
+
+    def _route(self, path: str) -> tuple[Resource, str | None, str, str]:
+        parts = [p for p in path.split("/") if p]
+        if parts[:2] == ["api", "v1"]:
+            group, version, rest = "", "v1", parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 3:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        ns = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            ns, rest = rest[1], rest[2:]
+        res = BY_PATH.get((group, version, rest[0] if rest else ""))
+        if res is None or len(rest) > 3:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return res, ns, rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else ""
+
+    def serve(self, req: Request, content_type: str) -> Any:
+        res, ns, name, sub = self._route(req.path)
+        ns_key = ns or ""
+        if res.plural in self.faults.forbidden:
+            raise ApiError(403, "Forbidden", f'{res.group_plural} is forbidden: User "system:serviceaccount:test" cannot '
+                           f"{req.method.lower()} resource \"{res.plural}\" in API group \"{res.group}\"")
+        if req.method in WRITES:
+            if self.faults.failing.get(res.plural):
+                self.faults.failing[res.plural] -= 1
+                raise ApiError(500, "InternalError", "etcdserver: request timed out")
+            for hook in list(self.faults.before_write):
+                hook(req)
+        manager = req.params.get("fieldManager") or req.agent.split("/")[0] or "unknown"
+        dry = req.params.get("dryRun") == "All" or (req.method == "DELETE" and "All" in ((req.body or {}).get("dryRun") or []))
+        if req.method == "GET":
+            if req.params.get("watch") in ("true", "1"):
+                raise ApiError(400, "BadRequest", "watch is not served by the test API server")
+            if name:
+                return self.store.get(res, ns_key, name)
+            items, rv = self.store.list(res, ns, label_matcher(req.params.get("labelSelector", "")),
+                                        field_matcher(req.params.get("fieldSelector", "")))
+            return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": {"resourceVersion": str(rv)}, "items": items}
+        if req.method == "POST" and not name:
+            return self.store.create(res, ns_key, req.body or {}, manager, dry)
+        if req.method == "PUT" and name:
+            return self.store.update(res, ns_key, name, req.body or {}, manager, dry, sub)
+        if req.method == "DELETE" and name:
+            return self.store.delete(res, ns_key, name, (req.body or {}).get("preconditions"), dry)
+        if req.method == "PATCH" and name:
+            return self._patch(res, ns_key, name, sub, req, content_type, manager, dry)
+        raise ApiError(405, "MethodNotAllowed", f"{req.method} is not supported on {req.path}")
+
+    def _patch(self, res: Resource, ns: str, name: str, sub: str, req: Request, content_type: str, manager: str,
+               dry: bool) -> Any:
+        if content_type == "application/apply-patch+yaml":
+            if not req.params.get("fieldManager"):
+                raise ApiError(422, "Invalid", 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+                               "is required for apply patch")
+            config = req.body or {}
+            for k, want in (("apiVersion", res.api_version), ("kind", res.kind)):
+                if config.get(k) != want:
+                    raise ApiError(400, "BadRequest", f"{k} {config.get(k)!r} does not match the URL's {want!r}")
+            force = req.params.get("force") in ("true", "1")
+            old = self.store.find(res, ns, name)
+            new = ssa.apply(old, config, manager, force, res.api_version)
+            if old is None:  # apply creates (the managedFields ssa.apply recorded are kept)
+                new.setdefault("metadata", {})["name"] = name
+                return self.store.create(res, ns, new, manager, dry, operation="Apply")
+            return self.store.update(res, ns, name, new, manager, dry, sub, operation="Apply")
+        old = self.store.get(res, ns, name)
+        if content_type == "application/json-patch+json":
+            new = json_patch(old, req.body or [])
+        else:
+            new = merge_patch(old, req.body or {})
+        if not (req.body or {}).get("metadata", {}).get("resourceVersion") if isinstance(req.body, dict) else True:
+            new["metadata"].pop("resourceVersion", None)  # a patch without resourceVersion is unconditional
+        return self.store.update(res, ns, name, new, manager, dry, sub)
+
+
+def _error(exc: ApiError) -> aiohttp.web.Response:
+    return aiohttp.web.json_response(exc.status(), status=exc.code)
