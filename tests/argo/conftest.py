@@ -83,9 +83,12 @@ def runner(argo_root, image_src):
 @pytest.fixture(scope="session")
 def make_pipeline(argo_root, runner, revision):
     """Test clusters for the committed workflows (scenario.py), torn down at the end of the session."""
-    from tests.argo.scenario import PipelineCluster
+    import tests.fakes.kube.kuberay as fake_kuberay
+    from tests.argo.scenario import PipelineCluster, engine_factory
 
     made = []
+    patch = pytest.MonkeyPatch()
+    patch.setattr(fake_kuberay, "EngineApp", engine_factory)
 
     def make() -> PipelineCluster:
         made.append(PipelineCluster(Path(tempfile.mkdtemp(prefix="cluster-", dir=argo_root)), runner, revision))
@@ -93,6 +96,7 @@ def make_pipeline(argo_root, runner, revision):
     yield make
     for c in made:
         c.close()
+    patch.undo()
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 GRACE_S = 2.0  # terminationGracePeriodSeconds is 30 s in a cluster; the steps here stop well within 2 s
 
@@ -76,7 +77,9 @@ def dockerfile_image(dockerfile: Path) -> tuple[dict[str, str], list[str]]:
 
 class PodRunner:
     def __init__(self, root: Path, *, python: str, image_src: Path, kubeconfig: Path | None,
-                 hosts: dict[str, str], schema_dir: Path, dockerfile: Path) -> None:
+                 hosts: "dict[str, str] | Callable[[], str]", schema_dir: Path, dockerfile: Path) -> None:
+        """`hosts`: name -> address, or a function giving /etc/hosts lines, called as each pod starts
+        (a Service created by an earlier step is resolvable by the next)."""
         self.root = root
         self.image_env, self.entrypoint = dockerfile_image(dockerfile)
         self.image_src, self.kubeconfig, self.schema_dir = image_src, kubeconfig, schema_dir
@@ -87,14 +90,15 @@ class PodRunner:
         kubectl = Path(python).parent / "kubectl"
         if kubectl.exists() and not (self.bin / "kubectl").exists():
             (self.bin / "kubectl").symlink_to(kubectl)
-        self.hosts_file = root / "etc-hosts"
-        self.set_hosts(hosts)
+        self.hosts = hosts
         self._seq = 0
         self._lock = threading.Lock()
 
-    def set_hosts(self, hosts: dict[str, str]) -> None:
-        lines = ["127.0.0.1 localhost"] + [f"{ip} {name}" for name, ip in sorted(hosts.items())]
-        self.hosts_file.write_text("\n".join(lines) + "\n")
+    def _hosts_file(self, d: Path) -> Path:
+        lines = "127.0.0.1 localhost\n"
+        lines += self.hosts() if callable(self.hosts) else "".join(f"{ip} {n}\n" for n, ip in sorted(self.hosts.items()))
+        (d / "hosts").write_text(lines)
+        return d / "hosts"
 
     def _pod_dir(self, name: str) -> Path:
         with self._lock:
@@ -131,7 +135,7 @@ class PodRunner:
         for path in sorted(host_of, key=len):
             Path(path).mkdir(parents=True, exist_ok=True) if host_of[path].is_dir() else None
             script.append(f"mount --bind {shlex.quote(str(host_of[path]))} {shlex.quote(path)}")
-        script.append(f"mount --bind {shlex.quote(str(self.hosts_file))} /etc/hosts")
+        script.append(f"mount --bind {shlex.quote(str(self._hosts_file(d)))} /etc/hosts")
         script.append(f'cd {shlex.quote(pod.working_dir or "/")}')
         script.append('exec "$@"')
         log_path = d / "log"
@@ -143,7 +147,7 @@ class PodRunner:
             killed = _watch(proc, pod.deadline_s, kill)
         seconds = time.monotonic() - started
         log_text = log_path.read_text(errors="replace")
-        code = proc.returncode
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode  # a signal, as the runtime reports it
         if killed == "deadline":
             phase, message = "Failed", pod.deadline_message
         elif killed == "fault":

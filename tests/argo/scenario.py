@@ -1,27 +1,27 @@
-"""A test cluster for the committed workflows: the Kubernetes API emulator (kmock) with a simulated
-KubeRay and GPU nodes, cluster networking to engines on 127.0.0.1, and the step pods' KUBECONFIG.
+"""A test cluster for the committed workflows: tests/fakes/kube (the Kubernetes API emulator, the fake
+KubeRay v1.7 with engines behind real Serve proxies on pod IPs, Services with clusterIPs in 127/8
+and kube-proxy forwarding; see its docstrings for what it models) plus what the dev overlay needs:
+GPU nodes matching its node groups, and engines whose latency or compatibility a test chooses.
 
-The emulator and the simulated KubeRay are the unit tier's (tests/unit/test_kubernetes_target.py,
-which documents what they do and do not emulate); they move to tests/fakes/ with the Kubernetes
-emulator work, and this module follows them there.
+The steps reach it as pods do: KUBECONFIG (for the ServiceAccount token) and /etc/hosts from the
+cluster's Services at the moment each pod starts (cluster DNS).
 """
 from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 from kubernetes import client
 
-from tests.argo.network import ServiceNetwork
 from tests.argo.pod import PodRunner
 from tests.argo.spec import WorkflowSpec, load_workflow_spec
 from tests.argo.workflow import Run, run_workflow
 from tests.conftest import ROOT
-from tests.fakes.known_timing_server import Broken, KnownTimingServer
-from tests.unit.test_kubernetes_target import Cluster, FakeKubeRay
+from tests.fakes.known_timing_server import Broken
+from tests.fakes.kube import start_cluster
+from tests.fakes.kube.engine import EngineApp
 from workflows.manifest import dump_manifest, render
 from workflows.targets.base import ReleaseRecord
 from workflows.targets.kubernetes import KubernetesTarget
@@ -29,78 +29,45 @@ from workflows.targets.kubernetes import KubernetesTarget
 ARGO = ROOT / "kustomize" / "argo"
 REPO_URL = "https://github.com/pdops/pdops.git"   # the template's default repo-url; served from ROOT
 ENV, NS, RELEASE = "dev", "llm-dev", "pd-llm"
-SERVE_PORT, METRICS_PORT = 8000, 8080  # the head container's `serve` and `metrics` ports in the overlays
+
+
+_NEXT_ENGINE: dict = {}
+
+
+def engine_factory(model: str) -> EngineApp:
+    """Replaces EngineApp in the fake KubeRay (patched for the session by the tier's conftest)."""
+    behaviour = dict(_NEXT_ENGINE)
+    _NEXT_ENGINE.clear()
+    app = EngineApp(model, **{k: v for k, v in behaviour.items() if k != "broken"})
+    if "broken" in behaviour:
+        app.server.broken = Broken(**behaviour["broken"])
+    return app
 
 
 def committed(file: str) -> WorkflowSpec:
     return load_workflow_spec(next(d for d in yaml.safe_load_all((ARGO / file).read_text()) if d))
 
 
-def model_id() -> str:
-    return yaml.safe_load((ROOT / "overlays" / ENV / "release.yaml").read_text())["model"]["id"]
-
-
-@dataclass
-class Engines:
-    """One engine per colour (what a RayCluster of that colour would serve)."""
-    servers: dict[str, KnownTimingServer] = field(default_factory=dict)
-
-    def set(self, colour: str, **behaviour) -> KnownTimingServer:
-        if colour in self.servers:
-            self.servers[colour].stop()
-        srv = KnownTimingServer(model=model_id(), first_token_delay=behaviour.pop("first_token_delay", 0.05),
-                                inter_token_delay=behaviour.pop("inter_token_delay", 0.01),
-                                broken=Broken(**behaviour.pop("broken", {})), **behaviour)
-        self.servers[colour] = srv.start()
-        return srv
-
-    def close(self) -> None:
-        for srv in self.servers.values():
-            srv.stop()
-
-
 class PipelineCluster:
     def __init__(self, root: Path, runner_factory, revision: str) -> None:
-        self._closed = False
-        self.cluster = Cluster()
-        self.kuberay = FakeKubeRay(self.cluster, NS)
-        self.revision = revision
-        core = client.CoreV1Api(self.cluster.client())
-        for i, phase in enumerate(("prefill", "decode")):  # dev's node groups (overlays/dev/node-groups.yaml)
-            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"g6e-{phase}-{i}", "labels": {
-                "node.kubernetes.io/instance-type": "g6e.12xlarge", "pdops.dev/phase": phase}},
-                "status": {"allocatable": {"nvidia.com/gpu": "16"}, "conditions": [{"type": "Ready", "status": "True"}]}},
-                _preload_content=False)
-        self.engines = Engines()
-        for colour in ("blue", "green"):
-            self.engines.set(colour)
-        self.net = ServiceNetwork()
-        self.net.service(f"{RELEASE}.{NS}.svc.cluster.local", SERVE_PORT, lambda: self._backend(self._selected()))
-        for colour in ("blue", "green"):
-            self.net.service(f"{RELEASE}-{colour}-serve-svc.{NS}.svc.cluster.local", SERVE_PORT,
-                             lambda c=colour: self._backend(c))
-            self.net.service(f"{RELEASE}-{colour}-head-svc.{NS}.svc.cluster.local", METRICS_PORT,
-                             lambda c=colour: self._backend(c))
-        kubeconfig = root / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {"server": self.cluster.url}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "pd-release"}}],
-            "users": [{"name": "pd-release", "user": {"token": "pd-release-sa-token"}}]}))
-        self.runner: PodRunner = runner_factory(kubeconfig=kubeconfig, hosts=self.net.hosts)
+        self.revision, self._closed = revision, False
+        self.cluster = start_cluster(kubeconfig=root / "kubeconfig")
+        core = client.CoreV1Api(self.cluster.client("kubelet"))
+        for phase in ("prefill", "decode"):  # overlays/dev/node-groups.yaml: g6e.12xlarge (4 GPUs) per phase
+            for i in range(4):
+                core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"g6e-{phase}-{i}", "labels": {
+                    "node.kubernetes.io/instance-type": "g6e.12xlarge", "pdops.dev/phase": phase}},
+                    "status": {"allocatable": {"nvidia.com/gpu": "4"}, "conditions": [{"type": "Ready", "status": "True"}]}},
+                    _preload_content=False)
+        self.runner: PodRunner = runner_factory(kubeconfig=self.cluster.kubeconfig, hosts=self.cluster.hosts)
         self.work = root / "runs"
 
-    # ---- what the services reach ----
-
-    def _selected(self) -> str | None:
-        svc = self.cluster.objects("services").get(RELEASE)
-        return (svc or {}).get("spec", {}).get("selector", {}).get("pdops.dev/colour")
-
-    def _backend(self, colour: str | None):
-        """A colour's engine while its RayService exists (its pods are gone with it)."""
-        if colour is None or f"{RELEASE}-{colour}" not in self.cluster.objects("rayservices"):
-            return None
-        return ("127.0.0.1", self.engines.servers[colour].port)
+    @staticmethod
+    def next_engine(**behaviour) -> None:
+        """How the next engine the fake KubeRay starts behaves: first_token_delay, inter_token_delay,
+        broken={...} (KnownTimingServer's switches). Then back to the default."""
+        _NEXT_ENGINE.clear()
+        _NEXT_ENGINE.update(behaviour)
 
     # ---- state ----
 
@@ -115,19 +82,21 @@ class PipelineCluster:
         next(o for o in objects if o["kind"] == "RayService")["metadata"].setdefault("annotations", {})["test/variant"] = variant
         record = ReleaseRecord.of(dump_manifest(objects), name=RELEASE, model=rendered.spec.model.id, revision=variant * 40)
         target, say = self.target(), (lambda _line: None)
-        record = target.apply(record, say)
-        target.wait_ready(30, say)
-        return target.promote([f"seeded {variant}"], None, say) if promote else record
+        with target.session():
+            record = target.apply(record, say)
+            target.wait_ready(60, say)
+            return target.promote([f"seeded {variant}"], None, say) if promote else record
 
     def history(self) -> list[dict]:
-        cm = self.cluster.objects("configmaps").get(f"pdops-history-{RELEASE}")
+        cm = self.cluster.objects("configmaps", NS).get(f"pdops-history-{RELEASE}")
         return json.loads(cm["data"]["history.json"]) if cm else []
 
     def stable_colour(self) -> str | None:
-        return self._selected()
+        svc = self.cluster.objects("services", NS).get(RELEASE)
+        return (svc or {}).get("spec", {}).get("selector", {}).get("pdops.dev/colour")
 
     def rayservices(self) -> set[str]:
-        return set(self.cluster.objects("rayservices"))
+        return {n for n, o in self.cluster.objects("rayservices", NS).items() if not o["metadata"].get("deletionTimestamp")}
 
     # ---- runs ----
 
@@ -137,10 +106,6 @@ class PipelineCluster:
                             generate_name=file.removesuffix(".yaml") + "-", repos={REPO_URL: ROOT}, **kw)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.net.close()
-        self.engines.close()
-        self.kuberay.close()
-        self.cluster.close()
+        if not self._closed:
+            self._closed = True
+            self.cluster.close()

@@ -90,17 +90,10 @@ def _env(env: dict[str, str]):
 
 
 INVOCATIONS = sorted({(f, t, tuple(c)) for f, t, c in _invocations()})
-# The committed YAML predates the lead's rewrite (issue 12): these two calls use flags the CLI does
-# not have. strict: the test fails the day they parse, so the marker cannot outlive the fix.
-BROKEN_UNTIL_REWRITE = {("pd-release.yaml", "rollout"): "--endpoint-out", ("pd-canary.yaml", "stable-endpoint"): "--overlay"}
-
-
 def _params():
     for f, t in sorted({(f, t) for f, t, _ in INVOCATIONS}):
         argvs = [list(c) for ff, tt, c in INVOCATIONS if (ff, tt) == (f, t)]
-        marks = [pytest.mark.xfail(strict=True, reason=f"lead's YAML rewrite pending: {BROKEN_UNTIL_REWRITE[(f, t)]}")] \
-            if (f, t) in BROKEN_UNTIL_REWRITE else []
-        yield pytest.param(f, t, argvs, id=f"{f}:{t}", marks=marks)
+        yield pytest.param(f, t, argvs, id=f"{f}:{t}")
 
 
 def test_every_step_calls_pdops():

@@ -18,24 +18,29 @@ import pytest
 
 from tests.argo.scenario import committed
 
-LEAD = pytest.mark.xfail(strict=True, reason="lead's work missing (issue 12): the committed pd-release.yaml "
-                                            "stops at rollout (`--endpoint-out` is not a pdops flag)")
-LEAD_CANARY = pytest.mark.xfail(strict=True, reason="lead's work missing (issue 12): pd-canary's stable-endpoint "
-                                                   "passes `--overlay` to `pdops endpoint`")
-LEAD_METRICS = pytest.mark.xfail(strict=True, reason="lead's work missing (issue 12): the verdict metric needs "
-                                                    "workflow.outputs.parameters.verdict, set only when the gate ran")
-
+# Every validation in the test cluster rolls back today: the fake KubeRay's worker pods export no
+# KV-transfer series, so `pdops validate`'s KV evidence check sees 0 of N requests (measured: "0
+# prompt tokens arrived by KV transfer ... 0 of 200 requests"). The k8s helper's engine metrics fix it;
+# strict, so the marker goes the day a run promotes.
+KV_METRICS = pytest.mark.xfail(strict=True, reason="k8s helper's work missing: tests/fakes/kube engines export no "
+                                                  "KV-transfer metrics, so every validation rolls back")
 
 def verdict_series(run, prefix: str = "pd_release"):
     return [(s.labels.get("verdict"), s.labels.get("status"), s.value) for s in run.series(f"{prefix}_verdict_total")]
 
 
-def tasks_after_rollout(file: str = "pd-release.yaml") -> dict[str, float]:
-    dag = next(t for t in committed(file).templates if t.dag is not None and t.name == committed(file).entrypoint)
-    return {t.name: 0.5 for t in dag.dag.tasks if t.depends and "rollout." in t.depends}
+def tasks_after(task: str, file: str = "pd-release.yaml") -> dict[str, float]:
+    """Every task of the entrypoint DAG that runs after `task` (a node lost with all its pods)."""
+    spec = committed(file)
+    dag = spec.template(spec.entrypoint).dag.tasks
+    after, grew = {task}, True
+    while grew:
+        more = {t.name for t in dag if t.depends and any(f"{a}." in t.depends for a in after)}
+        grew, after = not more <= after, after | more
+    return {t: 0.5 for t in after - {task}}
 
 
-@LEAD
+@KV_METRICS
 def test_manual_run_from_the_ui_promotes(pipeline):
     run = pipeline.submit("pd-release.yaml", {}, via="ui")
     assert run.phase == "Succeeded", run.describe()
@@ -47,43 +52,43 @@ def test_manual_run_from_the_ui_promotes(pipeline):
     assert run.task("rollback-if-pending", on_exit=True).phase == "Skipped"
 
 
-@LEAD
 def test_gate_failure_rolls_back_and_keeps_stable(pipeline):
     pipeline.seed("a")                                                  # stable: blue
-    pipeline.engines.set("green", inter_token_delay=0.25)              # ITL far above dev's 60 ms p90 SLO
+    pipeline.next_engine(inter_token_delay=0.25)                       # ITL far above dev's 60 ms p90 SLO
     run = pipeline.submit("pd-release.yaml", {})
     assert run.outputs.get("verdict") == "rollback", run.describe()
+    assert "ITL" in run.outputs.get("summary", "") or "itl" in run.outputs.get("summary", ""), run.describe()
     assert pipeline.rayservices() == {"pd-llm-blue"} and pipeline.stable_colour() == "blue"
     assert [(h["revision"], h["verdict"]) for h in pipeline.history()][-1] == (pipeline.revision, "rollback")
     assert [v for v, _, _ in verdict_series(run)] == ["rollback"] and run.metric_errors == []
 
 
-@LEAD
 def test_failing_compat_case_reaches_the_gate_and_is_not_retried(pipeline):
     pipeline.seed("a")
-    pipeline.engines.set("green", broken={"missing_done": True})       # streams end without data: [DONE]
+    pipeline.next_engine(broken={"missing_done": True})                # streams end without data: [DONE]
     run = pipeline.submit("pd-release.yaml", {})
     assert run.outputs.get("verdict") == "rollback", run.describe()
-    assert run.outputs.get("summary", "(no summary written)") != "(no summary written)"  # a report exists
+    assert "compat" in run.outputs.get("summary", "").lower(), run.describe()   # the report says why
     assert pipeline.rayservices() == {"pd-llm-blue"}
     retried = {n.name: len(n.attempts) for n in run.nodes.values() if len(n.attempts) > 1}
     assert retried == {}, f"a verdict was retried as if transient: {retried}"
     assert [v for v, _, _ in verdict_series(run)] == ["rollback"]
 
 
-@LEAD
-def test_step_killed_after_rollout_is_rolled_back_by_the_exit_handler(pipeline):
+def test_steps_killed_after_rollout_are_rolled_back_by_the_exit_handler(pipeline):
+    """Every step after rollout is SIGKILLed 0.5 s in (validate, and the rollback that would clean
+    up): the candidate is left pending, and only the exit handler can remove it."""
     pipeline.seed("a")
-    run = pipeline.submit("pd-release.yaml", {}, kill_after=tasks_after_rollout())
-    assert run.phase in ("Failed", "Error"), run.describe()
-    assert any(n.message.startswith("main: OOMKilled") for n in run.nodes.values())
-    exit_tasks = run.phases(on_exit=True)
-    assert "Succeeded" in exit_tasks.values(), run.describe()
+    run = pipeline.submit("pd-release.yaml", {}, kill_after=tasks_after("rollout"))
+    assert run.phase == "Failed", run.describe()
+    killed = [n.name for n in run.nodes.values() if n.message.startswith("main: OOMKilled")]
+    assert killed, run.describe()
+    assert "Succeeded" in run.phases(on_exit=True).values(), run.describe()
     assert pipeline.rayservices() == {"pd-llm-blue"} and pipeline.stable_colour() == "blue"
-    assert pipeline.history()[-1]["verdict"] == "rollback"
+    last = pipeline.history()[-1]
+    assert last["verdict"] == "rollback" and any("the workflow ended Failed" in r for r in last["reasons"]), last
 
 
-@LEAD
 def test_dry_run_persists_nothing_and_still_reports(pipeline):
     pipeline.seed("a")
     before = (pipeline.rayservices(), pipeline.stable_colour(), pipeline.history())
@@ -108,18 +113,17 @@ def test_skip_to_rollback_drops_the_pending_candidate(skip_run):
     assert [(h["revision"][0], h["verdict"]) for h in pipeline.history()] == [("a", "promote"), ("b", "rollback")]
 
 
-@LEAD_METRICS
 def test_skip_to_rollback_still_emits_the_release_metrics(skip_run):
     _, run = skip_run
     assert run.metric_errors == [] and len(verdict_series(run)) == 1, run.metric_errors
 
 
-@LEAD_CANARY
 def test_canary_rollback_restores_the_previous_good_release(pipeline):
     pipeline.seed("a")                                                   # blue, then
-    pipeline.seed("b")                                                   # green is stable
-    pipeline.engines.set("green", inter_token_delay=0.25)               # and regressed
+    pipeline.next_engine(inter_token_delay=0.25)
+    pipeline.seed("b")                                                   # green is stable, and regressed
     run = pipeline.submit("pd-canary.yaml", {"on-regression": "rollback"}, via="ui")
     assert pipeline.stable_colour() == "blue" and pipeline.rayservices() == {"pd-llm-blue"}, run.describe()
+    assert "itl" in run.outputs.get("canary-summary", run.outputs.get("summary", "")).lower(), run.describe()
     assert [h["verdict"] for h in pipeline.history() if h["revision"][0] == "b"][-1] != "promote"
     assert [v for v, _, _ in verdict_series(run, "pd_canary")] == ["rollback"]

@@ -70,9 +70,11 @@ class Run:
     def describe(self) -> str:
         lines = [f"{self.name}: {self.phase} {self.message}"]
         for k, n in self.nodes.items():
-            lines.append(f"  {k}: {n.phase} {n.message}")
+            lines.append(f"  {k}: {n.phase} {n.message} ({n.finished - n.started:.0f} s)")
             if n.failed_or_error and n.log:
                 lines += [f"      | {line}" for line in n.log.strip().splitlines()[-12:]]
+        lines.append(f"  outputs: {self.outputs}")
+        lines.append(f"  metrics: {[(m.name, m.labels, m.value) for m in self.metrics]} errors: {self.metric_errors}")
         return "\n".join(lines)
 
 
