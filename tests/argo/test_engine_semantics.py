@@ -256,3 +256,41 @@ def test_unknown_fields_are_refused():
         WorkflowSpec.model_validate({"entrypoint": "x", "podSpecPatch": "{}", "templates": []})
     with pytest.raises(ValidationError, match="sidecars"):
         spec(step("s", "true", "  sidecars: []"))
+
+
+def test_workflow_mutex_serialises_runs_of_the_same_name(run):
+    """spec.synchronization.mutexes: the lock is taken before the workflow starts and released when
+    it is done (sync manager TryAcquire/Release); the name is substituted with the parameters."""
+    import threading
+
+    s = spec(step("s", "sleep 1"), dag="    - {name: s, template: s}\n")
+    s = WorkflowSpec.model_validate({**s.model_dump(by_alias=True, exclude_none=True),
+                                     "synchronization": {"mutexes": [{"name": "m-{{workflow.parameters.mode}}"}]}})
+    runs = []
+    threads = [threading.Thread(target=lambda: runs.append(run(s))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.mutex for r in runs] == ["m-a", "m-a"]
+    first, second = sorted(runs, key=lambda r: r.seconds)
+    assert second.seconds >= first.seconds + 0.9   # it waited for the other run's whole duration
+
+
+def test_git_input_artifact_is_the_revision_checked_out(run, revision):
+    """A `git` input artifact at /workspace/src: `git archive REV` of the repository (the clone the
+    executor does); an unknown revision is an Error of that step."""
+    from tests.conftest import ROOT
+
+    s = spec(step("s", "test -f overlays/dev/release.yaml && test -f /workspace/src/Makefile", """  inputs:
+    artifacts:
+    - {name: source, path: /workspace/src, git: {repo: 'https://example.test/pdops.git', revision: '{{workflow.parameters.mode}}'}}"""),
+        dag="    - {name: s, template: s}\n")
+    data = s.model_dump(by_alias=True, exclude_none=True)
+    data["templates"][0]["container"]["workingDir"] = "/workspace/src"
+    data["arguments"]["parameters"][0]["enum"] = None
+    s = WorkflowSpec.model_validate(data)
+    repos = {"https://example.test/pdops.git": ROOT}
+    assert run(s, parameters={"mode": revision}, repos=repos).phase == "Succeeded"
+    failed = run(s, parameters={"mode": "no-such-ref"}, repos=repos)
+    assert failed.task("s").phase == "Error" and "revision not found" in failed.task("s").message
