@@ -36,9 +36,18 @@ def run_dag(ctl: "Controller", name: str, tmpl: Template, on_exit: bool) -> Node
     running: dict[str, threading.Thread] = {}
     changed = threading.Condition()
 
+    failures: list[BaseException] = []
+
     def start(task: DAGTask, args: Arguments) -> None:
         def run() -> None:
-            node = ctl.execute(f"{name}.{task.name}", task.template, args, on_exit=on_exit, task=task.name)
+            try:
+                node = ctl.execute(f"{name}.{task.name}", task.template, args, on_exit=on_exit, task=task.name)
+            except BaseException as exc:  # NotEmulated, EngineStuck...: the test must see it, not hang
+                with changed:
+                    failures.append(exc)
+                    running.pop(task.name, None)
+                    changed.notify_all()
+                return
             with changed:
                 nodes[task.name] = node
                 running.pop(task.name, None)
@@ -53,6 +62,8 @@ def run_dag(ctl: "Controller", name: str, tmpl: Template, on_exit: bool) -> Node
 
     with changed:
         while len(nodes) < len(tasks):
+            if failures:
+                raise failures[0]
             progressed = False
             for task in tmpl.dag.tasks:
                 if task.name in nodes or task.name in running:
@@ -86,6 +97,8 @@ def run_dag(ctl: "Controller", name: str, tmpl: Template, on_exit: bool) -> Node
             if len(nodes) == len(tasks):
                 break
             if not progressed:
+                if failures:
+                    raise failures[0]
                 if not running:
                     raise EngineStuck(f"DAG {name}: no task can start and none is running")
                 changed.wait()

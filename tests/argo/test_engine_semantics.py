@@ -294,3 +294,10 @@ def test_git_input_artifact_is_the_revision_checked_out(run, revision):
     assert run(s, parameters={"mode": revision}, repos=repos).phase == "Succeeded"
     failed = run(s, parameters={"mode": "no-such-ref"}, repos=repos)
     assert failed.task("s").phase == "Error" and "revision not found" in failed.task("s").message
+
+
+def test_a_feature_not_emulated_fails_the_run_loudly(run):
+    """An expression tag raised in a task's thread reaches the test instead of hanging the DAG."""
+    s = spec(step("s", "echo {{=sprig.upper('x')}}"), dag="    - {name: s, template: s}\n")
+    with pytest.raises(NotEmulated, match="expression tag"):
+        run(s)
