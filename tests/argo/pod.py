@@ -158,6 +158,7 @@ class PodRunner:
             phase, message = "Failed", f"main: Error (exit code {code})"
         result = PodResult(code, phase, message, log=log_text, seconds=seconds)
         self._collect(pod, result, d)
+        (d / "result").write_text(f"{result.phase} exit={code} {seconds:.1f}s {result.message}\n")
         return result
 
     def _collect(self, pod: PodSpec, result: PodResult, d: Path) -> None:
