@@ -301,3 +301,23 @@ def test_a_feature_not_emulated_fails_the_run_loudly(run):
     s = spec(step("s", "echo {{=sprig.upper('x')}}"), dag="    - {name: s, template: s}\n")
     with pytest.raises(NotEmulated, match="expression tag"):
         run(s)
+
+
+@pytest.mark.parametrize("optional_argument, phase", [(False, "Error"), (True, "Succeeded")])
+def test_from_an_output_artifact_that_was_not_produced(run, optional_argument, phase):
+    """An optional output artifact a step did not write is absent from the scope; a task passing it
+    on with `from:` Errors ("Unable to resolve") unless the *argument* says optional (dag.go
+    resolveDependencyReferences), whatever the consuming template's input says."""
+    s = spec(step("make", "exit 1", "  outputs:\n    artifacts: [{name: run, path: /tmp/run, optional: true}]"),
+             step("use", "test ! -e /tmp/in/run", "  inputs:\n    artifacts: [{name: run, path: /tmp/in/run, optional: true}]"),
+             dag=f"""
+    - {{name: make, template: make}}
+    - name: use
+      template: use
+      depends: make.Failed
+      arguments: {{artifacts: [{{name: run, from: '{{{{tasks.make.outputs.artifacts.run}}}}', optional: {str(optional_argument).lower()}}}]}}
+""")
+    r = run(s)
+    assert r.task("use").phase == phase, r.describe()
+    if phase == "Error":
+        assert "Unable to resolve" in r.task("use").message

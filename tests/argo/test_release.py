@@ -75,14 +75,33 @@ def test_failing_compat_case_reaches_the_gate_and_is_not_retried(pipeline):
     assert [v for v, _, _ in verdict_series(run)] == ["rollback"]
 
 
+def killed(run) -> list[str]:
+    return [a.name for n in run.nodes.values() for a in [n, *n.attempts] if a.message.startswith("main: OOMKilled")]
+
+
+@pytest.mark.xfail(strict=True, reason="lead's work missing: the rollback task's argument artifact `run` has no "
+                   "`optional: true` (only the template's input has), so when validate wrote no run folder Argo "
+                   "errors the task: dag.go resolveDependencyReferences reads the argument's flag")
+def test_validate_killed_is_rolled_back_by_the_rollback_step(pipeline):
+    """Issue 12: a candidate that fails validation is rolled back by the rollback step, the exit
+    handler being the safety net. validate dies before writing its run folder (its optional output
+    artifact `run` is not produced), and the rollback task passes it on with `from:`."""
+    pipeline.seed("a")
+    run = pipeline.submit("pd-release.yaml", {}, kill_after={"validate": 0.5})
+    assert killed(run), run.describe()
+    assert run.task("rollback").phase == "Succeeded", run.describe()
+    assert pipeline.rayservices() == {"pd-llm-blue"} and pipeline.stable_colour() == "blue"
+    last = pipeline.history()[-1]
+    assert last["verdict"] == "rollback" and not any("the workflow ended" in r for r in last["reasons"]), last
+
+
 def test_steps_killed_after_rollout_are_rolled_back_by_the_exit_handler(pipeline):
     """Every step after rollout is SIGKILLed 0.5 s in (validate, and the rollback that would clean
     up): the candidate is left pending, and only the exit handler can remove it."""
     pipeline.seed("a")
     run = pipeline.submit("pd-release.yaml", {}, kill_after=tasks_after("rollout"))
     assert run.phase == "Failed", run.describe()
-    killed = [n.name for n in run.nodes.values() if n.message.startswith("main: OOMKilled")]
-    assert killed, run.describe()
+    assert killed(run), run.describe()
     assert "Succeeded" in run.phases(on_exit=True).values(), run.describe()
     assert pipeline.rayservices() == {"pd-llm-blue"} and pipeline.stable_colour() == "blue"
     last = pipeline.history()[-1]
@@ -108,7 +127,8 @@ def skip_run(make_pipeline):
 def test_skip_to_rollback_drops_the_pending_candidate(skip_run):
     pipeline, run = skip_run
     assert run.phase == "Succeeded", run.describe()
-    assert run.task("build-config").phase == "Skipped"
+    assert run.task("skip-to-rollback").phase == "Succeeded"
+    assert set(run.phases().values()) - {"Skipped", "Omitted"} == {"Succeeded"}, run.describe()  # nothing else ran
     assert pipeline.rayservices() == {"pd-llm-blue"} and pipeline.stable_colour() == "blue"
     assert [(h["revision"][0], h["verdict"]) for h in pipeline.history()] == [("a", "promote"), ("b", "rollback")]
 
