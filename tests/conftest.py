@@ -2,13 +2,26 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = sorted(p.name for p in (ROOT / "overlays").iterdir() if (p / "kustomization.yaml").exists())
-SCHEMAS = Path(__import__("os").environ.get("PDOPS_SCHEMA_DIR", ROOT.parent / "shared" / "schemas"))
+SCHEMAS = Path(os.environ.get("PDOPS_SCHEMA_DIR", ROOT.parent / "shared" / "schemas"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_check_cache(tmp_path_factory):
+    """Tests start from an empty check cache (workflows/cache.py), never the user's."""
+    before = os.environ.get("PDOPS_CACHE_DIR")
+    os.environ["PDOPS_CACHE_DIR"] = str(tmp_path_factory.mktemp("pdops-cache"))
+    yield
+    if before is None:
+        os.environ.pop("PDOPS_CACHE_DIR", None)
+    else:
+        os.environ["PDOPS_CACHE_DIR"] = before
 
 
 @pytest.fixture(scope="session")

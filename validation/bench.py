@@ -6,7 +6,7 @@ import gc
 import time
 from typing import Callable
 
-from validation import loadgen, metrics, profiles, server_metrics
+from validation import loadgen, metrics, profiles, server_metrics, traces
 
 
 def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency: int | None = None,
@@ -17,24 +17,34 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               metrics_select: dict[str, list[str]] | None = None,
               metrics_phases: dict[str, dict[str, list[str]]] | None = None,
               progress: Callable[[str], None] | None = None, tokenizer: str | None = None,
-              timeout: float = 600.0, metrics_lag_s: float = 0.0) -> dict:
+              timeout: float = 600.0, metrics_lag_s: float = 0.0, trace: traces.Trace | None = None,
+              isolate: bool = False) -> dict:
     """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths.
-    `metrics_lag_s`: how stale `metrics_url` can be (server_metrics.RAY_METRICS_LAG_S for Ray)."""
-    if requests is None and duration is None:
+    `metrics_lag_s`: how stale `metrics_url` can be (server_metrics.RAY_METRICS_LAG_S for Ray).
+    `trace`: replay its arrivals and lengths (open loop) instead of the profile at a load.
+    `isolate`: the load runs in a process of its own at a higher priority where permitted
+    (loadgen.run_workers), not in the caller's."""
+    if trace is not None:
+        concurrency, rate, duration, requests = None, None, None, len(trace.requests)
+    elif requests is None and duration is None:
         raise ValueError("need requests or duration")
-    if (concurrency is None) == (rate is None):
+    elif (concurrency is None) == (rate is None):
         raise ValueError("need exactly one of concurrency or rate")
     spec = loadgen.LoadSpec(base_url=base_url, model=model,
                             make_request=profiles.request_factory(
-                                profile, seed, endpoint, profiles.Tokenizer(tokenizer, endpoint) if tokenizer else None),
+                                profile, seed, endpoint, profiles.Tokenizer(tokenizer, endpoint) if tokenizer else None,
+                                trace.lengths if trace else None),
                             endpoint=endpoint,
                             concurrency=concurrency, rate=rate, poisson=poisson, requests=requests,
                             duration=duration, warmup=warmup, api_key=api_key, seed=seed,
-                            progress=progress is not None, timeout=timeout)
+                            progress=progress is not None, timeout=timeout,
+                            arrivals=trace.arrivals if trace else None)
     scraper = server_metrics.Scraper(metrics_url, metrics_select, metrics_phases, metrics_lag_s)
     if progress:
-        progress(f"[bench] {profile.name}: {'c=' + str(concurrency) if concurrency else f'rate={rate}/s'} "
-                 f"requests={requests} duration={duration} warmup={warmup}")
+        load = (f"trace {trace.name} ({trace.arrivals[-1]:.0f} s)" if trace else
+                f"concurrency {concurrency}" if concurrency else f"{rate:g} requests/s")
+        size = f"{requests} requests" if requests else f"{duration:g} s"
+        progress(f"[bench] {profile.name}: {load}, {size}" + (f", {warmup} warm-up" if warmup else ""))
     started = time.time()
     if warmup:  # before the first scrape, so the server's histograms hold the measured requests only
         loadgen.run(dataclasses.replace(spec, concurrency=1, rate=None, requests=0, duration=None))
@@ -48,10 +58,11 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
     gc.collect()
     gc.freeze()
     try:
-        res = loadgen.run_workers(spec, workers) if workers > 1 else loadgen.run(spec)
+        res = loadgen.run_workers(spec, workers, isolate) if workers > 1 or isolate else loadgen.run(spec)
     finally:
         gc.unfreeze()
-    m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms, open_loop=bool(rate))
+    m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms,
+                        open_loop=bool(rate) or trace is not None)
     server = scraper.after(m["requests_ok"])
     out = {
         "kind": "bench", "base_url": base_url, "model": model, "profile": profile.name,
@@ -59,7 +70,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
                          "distribution": profile.distribution, "spread": profile.spread},
         "load": {"mode": res["mode"], "concurrency": concurrency, "rate": rate, "poisson": poisson,
                  "requests": requests, "duration_s": duration, "warmup": warmup,
-                 "workers": workers},
+                 "workers": workers, "trace": trace.name if trace else None},
         "started_unix": started,
         **m,
         "client_health": res["client_health"],
@@ -71,5 +82,13 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
         out["samples"] = metrics.samples(res["records"])
     if progress:
         t = m["ttft_ms"]
-        progress(f"[bench] done: ok={m['requests_ok']} errors={m['errors']} TTFT p50={t['p50']} p99={t['p99']}")
+        progress(f"[bench] done: {m['requests_ok']} ok, {m['errors']} errors, TTFT p50 {_ms(t['p50'])} "
+                 f"p99 {_ms(t['p99'])}")
     return out
+
+
+def _ms(value: float | None) -> str:
+    """A latency for a progress line: whole milliseconds, one decimal below 10 ms; '-' when none."""
+    if value is None:
+        return "-"
+    return f"{value:.1f} ms" if value < 10 else f"{value:.0f} ms"

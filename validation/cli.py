@@ -193,7 +193,11 @@ def cmd_gate(args) -> int:
         raise InputError(args.compat, "", "expected the JSON object `pdops compat --json` writes, got a list")
     benches = [b for f in args.bench for b in _benches_of(_load(f), f)]
     stable = _benches_of(_load(args.stable_report), args.stable_report) if args.stable_report else None
+    from validation.cost import add_costs
     try:
+        unpriced = add_costs(benches, release.parent)   # $ per run on the overlay's nodes (validation/cost.py)
+        if unpriced:
+            _err(unpriced)
         decision = gate.decide(compat, benches, slo, stable)
         files = report.write(args.out, decision, compat, benches)
     except (TypeError, ValueError, AttributeError, KeyError) as exc:   # JSON, but not a report's shape
@@ -256,6 +260,9 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, type=_output_dir, help="report directory")
     p.add_argument("--json", type=_output_file, help="also write the decision JSON here")
     p.set_defaults(func=cmd_gate)
+
+    from validation.diff.command import register as register_diff  # `pdops diff` (validation/diff/)
+    register_diff(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

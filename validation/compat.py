@@ -433,7 +433,8 @@ async def run_suite(base_url: str, model: str, api_key: str | None = None, optio
              "duration_s": round(time.perf_counter() - t, 3), "evidence": ctx.evidence}
         results.append(r)
         if progress:
-            progress(f"[compat] {name}: {status}{' - ' + detail if detail else ''}")
+            took = f" ({r['duration_s']:.0f} s)" if r["duration_s"] >= 2 else ""   # a slow case says so
+            progress(f"[compat] {name}: {status}{took}{' - ' + detail if detail else ''}")
     for c in clients.values():
         await c.close()
     failed_required = [r["name"] for r in results if r["status"] == "fail" and r["required"]]

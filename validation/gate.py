@@ -34,17 +34,18 @@ def itl_source(b: dict) -> tuple[dict | None, str]:
 
 def bench_label(b: dict, i: int) -> str:
     load = b.get("load") or {}
-    lvl = f"c={load['concurrency']}" if load.get("concurrency") else (f"rate={load['rate']}" if load.get("rate") else "")
+    lvl = (f"c={load['concurrency']}" if load.get("concurrency") else f"rate={load['rate']}" if load.get("rate")
+           else f"trace={load['trace']}" if load.get("trace") else "")
     return f"#{i} {b.get('profile', '?')} {lvl}".strip()
 
 
 def _key(b: dict) -> tuple:
     load = b.get("load") or {}
-    return (b.get("profile"), load.get("concurrency"), load.get("rate"))
+    return (b.get("profile"), load.get("concurrency"), load.get("rate"), load.get("trace"))
 
 
 def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None,
-           golden: dict | None = None, replaced: list[str] | None = None) -> dict:
+           golden: dict | None = None, replaced: list[str] | None = None, diff: dict | None = None) -> dict:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
     (the Kubernetes pipeline) do not run it. `replaced`: the candidate's engines that were replaced
     while it was validated, where the target can tell; a candidate that lost an engine is unproven
@@ -75,6 +76,10 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
             f"reference ({golden.get('tokens_compared', 0)} tokens)"
             + "".join(f"; prompt {c['prompt']}: " + (c.get("problem") or f"first differs at token {c['first_difference']}")
                       for c in bad[:3]), value=golden.get("matched"), limit=golden.get("prompts"))
+
+    if diff is not None:  # pdops diff (validation/diff/): P/D vs single engine, unexpected divergences block
+        from validation.diff.release import gate_check
+        add("diff", *gate_check(diff))
 
     if replaced is not None:
         add("engines_stable", not replaced, "engines replaced during validation: " + "; ".join(replaced)
@@ -173,6 +178,9 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                     r = cv / sv
                     add(f"vs_stable_{name}", r <= factor,
                         f"{lab}: {name} {cv:.1f} ms is {r:.2f}x stable {sv:.1f} ms (limit {factor}x){src}", lab, r, factor)
+                if vs.cost is not None:   # cost gate: computed in validation/cost.py
+                    from validation.cost import vs_stable_cost
+                    add(*vs_stable_cost(b, s, vs.cost, lab))
 
     failed = [c for c in checks if not c["ok"]]
     return {"verdict": "rollback" if failed else "promote",

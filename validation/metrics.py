@@ -74,6 +74,8 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
     pr = [per_request(r) for r in ok]
     itl = [g for p in pr for g in p["itl"]]
     tokens = [p["tokens"] for p in pr if p["tokens"] is not None]
+    prompts = [int(r["usage"]["prompt_tokens"]) for r in ok
+               if isinstance(r.get("usage"), dict) and isinstance(r["usage"].get("prompt_tokens"), int)]
     tok_per_chunk = [p["tokens"] / p["chunks"] for p in pr if p["tokens"] and p["chunks"]]
     out = {
         "requests_total": len(recs),
@@ -92,6 +94,9 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
         "requests_missing_usage": sum(1 for p in pr if p["tokens"] is None),
         "request_throughput_rps": len(ok) / wall_s if wall_s > 0 else 0.0,
         "output_token_throughput_tps": sum(tokens) / wall_s if wall_s > 0 else 0.0,
+        # Prompt tokens as the server counted them (usage), for the cost per million input tokens.
+        "input_tokens": summary(prompts),
+        "input_token_throughput_tps": sum(prompts) / wall_s if wall_s > 0 else 0.0,
     }
     if open_loop:
         prs = [per_request(r, from_scheduled=True) for r in ok]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Without a tokenizer one word stands for one token; small vocabularies split words, so the real
@@ -99,12 +100,14 @@ class Tokenizer:
         return " ".join(words)
 
 
-def request_factory(profile: Profile, seed: int = 0, endpoint: str = "chat", tokenizer: Tokenizer | None = None):
+def request_factory(profile: Profile, seed: int = 0, endpoint: str = "chat", tokenizer: Tokenizer | None = None,
+                    lengths: Callable[[int], tuple[int, int]] | None = None):
     """index -> request body fragment (deterministic per index). Forces exactly output_tokens via
-    max_tokens + ignore_eos (vLLM extension; ignored by others) so TPOT compares like with like."""
+    max_tokens + ignore_eos (vLLM extension; ignored by others) so TPOT compares like with like.
+    `lengths`: index -> (prompt, output) tokens, e.g. a replayed trace's, instead of the profile's."""
     def make(i: int) -> dict:
         rng = random.Random(seed * 1_000_003 + i)
-        p, o = profile.sample(rng)
+        p, o = lengths(i) if lengths else profile.sample(rng)
         text = tokenizer.prompt(p, rng) if tokenizer else make_prompt(p, rng)
         body = {"max_tokens": o, "temperature": 0, "ignore_eos": True, "_prompt_tokens": p}
         if endpoint == "chat":

@@ -53,6 +53,8 @@ def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
                     f"{_fmt(r[f'client_{q}'])} | {_fmt(r[f'server_{q}'])}" for q in ("p50", "p90", "p99"))
                     + f" | {r['metric']} |")
             lines.append("")
+    from validation.cost import markdown_lines   # $ per run, when the runs were priced
+    lines += markdown_lines([(bench_label(b, i), b) for i, b in enumerate(benches)])
     if compat:
         lines += ["## Compatibility", "", "| case | status | required | detail |", "| --- | --- | --- | --- |"]
         for c in compat.get("cases", []):

@@ -10,6 +10,7 @@ import re
 import time
 import urllib.request
 from collections import defaultdict
+from typing import NamedTuple
 
 HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds",
               "request_time_per_output_token_seconds", "request_prefill_time_seconds",
@@ -179,6 +180,46 @@ def diff(before_text: str, after_text: str, select: dict[str, list[str]] | None 
     return out
 
 
+class Source(NamedTuple):
+    url: str
+    phase: str | None   # the phase whose engines this endpoint exports ("prefill"/"decode"), if it is one phase
+
+
+def sources(metrics_url: str | None) -> list[Source]:
+    """`metrics_url` is one URL, or several separated by commas, each optionally tagged with the
+    phase of the engines it exports as a URL fragment: `http://10.0.3.7:8080/metrics#decode`.
+    Several exist where each node exports only its own processes (Ray's per-node metrics agent on
+    Kubernetes: every worker pod of the slot is one source)."""
+    out = []
+    for part in (metrics_url or "").split(","):
+        url, _, phase = part.strip().partition("#")
+        if url:
+            out.append(Source(url, phase or None))
+    return out
+
+
+def diff_sources(before: dict[str, str], after: dict[str, str], phase_of: dict[str, str | None],
+                 select: dict[str, list[str]] | None = None) -> dict:
+    """`diff` over several endpoints (url -> text). A source only in `after` is new (a replaced
+    engine: its series start from zero); one only in `before` is gone and left out of both sides.
+    Tagged sources give the per-phase split."""
+    parsed_before = {u: parse(t) for u, t in before.items()}
+    b, a, phases = [], [], {}
+    for url, text in after.items():
+        samples, earlier = parse(text), parsed_before.get(url, [])
+        b += earlier
+        a += samples
+        if phase_of.get(url):
+            pb, pa = phases.setdefault(phase_of[url], ([], []))
+            pb += selected(earlier, select)
+            pa += selected(samples, select)
+    out = {"histograms": histogram_deltas(selected(b, select), selected(a, select)),
+           "kv": kv_evidence(selected(b, select), selected(a, select))}
+    if phases:
+        out["phases"] = {name: histogram_deltas(pb, pa) for name, (pb, pa) in sorted(phases.items())}
+    return out
+
+
 # Ray exports each worker's metrics every metrics_report_interval_ms (default 10 s; measured on the
 # local stack: a request showed up in /metrics 10.4 s after it finished).
 RAY_METRICS_LAG_S = 10.0
@@ -195,16 +236,43 @@ class Scraper:
                  phases: dict[str, dict[str, list[str]]] | None = None, lag_s: float = 0.0):
         self.url = url
         self.select, self.phases, self.lag_s = select, phases, lag_s
+        self.sources = sources(url)
         self._before: str | None = None
+        self._befores: dict[str, str] = {}
         self.error: str | None = None
+
+    @property
+    def _multi(self) -> bool:
+        return len(self.sources) > 1 or any(s.phase for s in self.sources)
 
     def before(self) -> None:
         if self.url:
             time.sleep(self.lag_s)  # everything sent so far is exported before the window opens
+            if self._multi:
+                for src in self.sources:
+                    try:
+                        self._befores[src.url] = scrape(src.url)
+                    except Exception as e:  # noqa: BLE001
+                        self.error = f"before scrape of {src.url}: {e}"
+                self._before = "" if self._befores else None
+                return
             try:
                 self._before = scrape(self.url)
             except Exception as e:  # noqa: BLE001
                 self.error = f"before scrape: {e}"
+
+    def _diff(self) -> tuple[dict, list[str]]:
+        if not self._multi:
+            return diff(self._before or "", scrape(self.url), self.select, self.phases), []
+        after, failed = {}, []
+        for src in self.sources:
+            try:
+                after[src.url] = scrape(src.url)
+            except Exception as e:  # noqa: BLE001 - a replaced pod's address answers no more
+                failed.append(f"{src.url}: {e}")
+        if not after:
+            raise RuntimeError("; ".join(failed))
+        return diff_sources(self._befores, after, {s.url: s.phase for s in self.sources}, self.select), failed
 
     def after(self, requests_ok: int = 0) -> dict | None:
         """Scrapes until each phase's engines have recorded `requests_ok` first tokens, or 3 x lag_s."""
@@ -215,7 +283,7 @@ class Scraper:
         deadline = time.monotonic() + 3 * self.lag_s
         while True:
             try:
-                res = diff(self._before, scrape(self.url), self.select, self.phases)
+                res, failed = self._diff()
             except Exception as e:  # noqa: BLE001
                 return {"error": f"after scrape: {e}", "url": self.url}
             recorded = _recorded(res)
@@ -223,6 +291,8 @@ class Scraper:
                 # short of requests_ok: replicas restarted (new series the selection misses) or the
                 # export is later than lag_s; the figures then cover part of the run only
                 res.update(url=self.url, requests_seen=recorded, requests_ok=requests_ok)
+                if failed:
+                    res["unreachable"] = failed
                 return res
             time.sleep(1.0)
 

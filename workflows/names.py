@@ -23,6 +23,7 @@ PART_OF = {"app.kubernetes.io/part-of": "pdops"}
 COLOUR_LABEL = "pdops.dev/colour"
 RELEASE_LABEL = "pdops.dev/release"
 HISTORY_LABEL = "pdops.dev/history-of"
+PHASE_LABEL = "pdops.dev/phase"                # worker pod templates and node groups: prefill / decode
 DIGEST_ANNOTATION = "pdops.dev/digest"
 REVISION_ANNOTATION = "pdops.dev/revision"
 FIELD_MANAGER = "pdops"                        # server-side apply field manager

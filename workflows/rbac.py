@@ -22,12 +22,14 @@ RELEASE_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "patch", "update"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-    # The rest of a rendered release (workflows/targets/kubernetes.py applies it with the RayService)
+    # The rest of a rendered release (workflows/targets/kube/ applies it with the RayService)
     # and the Lease that keeps two releases of one environment apart.
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch", "delete"]},
     {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"], "verbs": ["get", "create", "patch"]},
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "delete"]},
+    # promote waits until the stable Service routes to the new colour only before deleting the old one
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
 ]
 EXECUTOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},

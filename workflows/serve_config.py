@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from workflows import cache
 from workflows.errors import InputError
 from workflows.spec import Phase, ReleaseSpec
 
@@ -101,11 +102,27 @@ def app_args(serve_config: dict[str, Any]) -> dict[str, Any]:
     return args if isinstance(args, dict) else {}
 
 
-def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
-    """Run Ray's own PDServingArgs validation; raise InputError naming the field on failure."""
-    from pydantic import ValidationError
+# What Ray's verdict on a serve config depends on besides the config: the installed Ray Serve LLM
+# models, the vLLM config classes they import, and the Pydantic that runs them.
+_VERDICT_DEPENDS_ON = ("ray", "vllm", "pydantic", "pydantic-core")
 
-    try:   # Ray Serve LLM's config models import an engine package (vLLM) at import time
+
+class RayVerdict(cache.Entry):
+    """Ray's PDServingArgs verdict on one serve config, as cached (see workflows/cache.py)."""
+
+    valid: bool
+    loc: list[str | int] = []   # Ray's error location and message when not valid
+    msg: str = ""
+
+
+def _ray_verdict(args: dict[str, Any]) -> RayVerdict:
+    """Ray's own verdict on the P/D args: from the cache when these versions judged these args before.
+    Any other exception Ray raises propagates and is not cached (it may be transient)."""
+    key = cache.digest("ray-pd-serving-args", {d: cache.version(d) for d in _VERDICT_DEPENDS_ON}, args)
+    if key is not None and (hit := cache.read("ray-verdicts", key, RayVerdict)) is not None:
+        return hit
+    from pydantic import ValidationError
+    try:   # Ray Serve LLM's config models import vLLM (and torch) at import time: ~9-16 s on 2 cores
         from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
     except ImportError as exc:
         from workflows.errors import MissingDependency
@@ -113,6 +130,19 @@ def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
         missing = getattr(exc, "name", None) or ("vllm" if "vLLM" in str(exc) else "ray[serve]")
         raise MissingDependency(missing, "validating the serve config with Ray Serve LLM's own models", exc) from None
 
+    try:
+        PDServingArgs.model_validate(copy.deepcopy(args))
+        verdict = RayVerdict(key=key or "", valid=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        verdict = RayVerdict(key=key or "", valid=False, loc=list(err["loc"]), msg=err["msg"])
+    if key is not None:
+        cache.write("ray-verdicts", verdict)
+    return verdict
+
+
+def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
+    """Run Ray's own PDServingArgs validation; raise InputError naming the field on failure."""
     args = app_args(serve_config)
     paths = [key for key, value in args.items() if isinstance(value, str)]
     if paths:   # PDServingArgs would open it as a YAML file on this machine
@@ -120,12 +150,11 @@ def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
                          "a string here is a file path Ray reads locally; the config must be inline",
                          "render the overlay with `pdops render`")
     try:
-        PDServingArgs.model_validate(copy.deepcopy(args))
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = "serveConfigV2.applications[0].args." + ".".join(str(p) for p in err["loc"])
-        raise InputError(file, field, f"rejected by Ray Serve LLM's PDServingArgs: {err['msg']}",
-                         "fix the release spec field that produces it (README: Release spec)") from None
+        verdict = _ray_verdict(args)
     except (ValueError, TypeError, AttributeError, KeyError, OSError) as exc:   # Ray's validators assume shapes
         raise InputError(file, "serveConfigV2.applications[0].args",
                          f"rejected by Ray Serve LLM's PDServingArgs: {exc}") from None
+    if not verdict.valid:
+        field = "serveConfigV2.applications[0].args." + ".".join(str(p) for p in verdict.loc)
+        raise InputError(file, field, f"rejected by Ray Serve LLM's PDServingArgs: {verdict.msg}",
+                         "fix the release spec field that produces it (README: Release spec)")

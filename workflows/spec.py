@@ -34,6 +34,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+
+
+class Architecture(_Strict):
+    """The model's shape, for sizing (`pdops size`, `pdops check`): the values of its config.json."""
+
+    parameters: float = Field(gt=0, le=1e13, allow_inf_nan=False)    # count, e.g. 70.6e9
+    layers: PositiveInt = Field(le=1024)                              # num_hidden_layers
+    kv_heads: PositiveInt = Field(le=1024)                            # num_key_value_heads
+    head_dim: PositiveInt = Field(le=4096)                            # head_dim (hidden_size / heads)
+    dtype: Literal["float32", "bfloat16", "float16", "fp8", "int8", "int4"] = "bfloat16"  # of the weights
+    source: str | None = Field(None, max_length=500)                  # where the values come from
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.parameters * DTYPE_BYTES[self.dtype]
+
+
 class Model(_Strict):
     id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
     # A path or URI the engine loads; `tiny-model://NAME` is built locally by `pdops tiny-model`.
@@ -41,6 +59,8 @@ class Model(_Strict):
     max_model_len: PositiveInt | None = Field(None, le=INT32_MAX)
     # The model's own context limit (config.json max_position_embeddings), where known.
     max_position_embeddings: PositiveInt | None = Field(None, le=INT32_MAX)
+    # Optional: without it, sizing reads config.json of a local model directory (or the tiny model).
+    architecture: Architecture | None = None
 
     @field_validator("source")
     @classmethod
@@ -120,6 +140,17 @@ class Phase(_Strict):
         return self.autoscaling.max_replicas if self.autoscaling else int(self.replicas or 1)
 
 
+INSTANCE_TYPE = r"^[a-z0-9][a-z0-9-]*\.[a-z0-9]+$"
+
+
+class Cost(_Strict):
+    """Overrides of the pinned price table (workflows/data/prices.yaml), e.g. a negotiated rate."""
+
+    region: str | None = Field(None, max_length=32, pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]$")
+    prices: dict[Annotated[str, Field(pattern=INSTANCE_TYPE, max_length=64)],
+                 Annotated[float, Field(gt=0, le=10_000, allow_inf_nan=False)]] = Field({}, max_length=64)
+
+
 class ReleaseSpec(_Strict):
     """A release: which model, how prefill and decode are sized, how KV moves, which SLOs gate it."""
 
@@ -133,6 +164,7 @@ class ReleaseSpec(_Strict):
     prewarm: bool = True
     slo: SLO = SLO()
     validation: Validation = Validation()
+    cost: Cost = Cost()
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
@@ -268,4 +300,9 @@ def read_yaml_file(path: Path, max_bytes: int = MAX_SPEC_BYTES) -> Any:
 
 def load_spec(overlay: Path) -> ReleaseSpec:
     path = Path(overlay) / SPEC_FILE
-    return parse_spec(read_yaml_file(path), path)
+    spec = parse_spec(read_yaml_file(path), path)
+    if spec.validation.scenarios or spec.validation.known_divergences:  # pdops diff's files: exist and parse
+        from validation.diff.scenarios import spec_files
+
+        spec_files(spec.validation, path)
+    return spec

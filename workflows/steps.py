@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -108,12 +109,19 @@ def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
 
 def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progress: Progress,
                        reference: list[dict] | None, stable: list[dict] | None = None,
-                       api_key: str | None = None, current: Callable[[], Endpoint] | None = None) -> dict[str, Any]:
+                       api_key: str | None = None, current: Callable[[], Endpoint] | None = None,
+                       rendered: Rendered | None = None, reference_url: str | None = None,
+                       release_file: Path | None = None,
+                       reference_server: Callable[[], AbstractContextManager[str | None]] | None = None,
+                       ) -> dict[str, Any]:
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
     `stable`: the baseline benches `vs_stable` compares against (`stable_baseline`).
-    `current` re-reads the candidate's endpoint after validation, to see engines that were replaced."""
+    `current` re-reads the candidate's endpoint after validation, to see engines that were replaced.
+    `reference_url`: a single-engine reference serving during validation (pdops diff runs against it);
+    `reference_server`: starts one for the golden tokens and the diff, after the loads (so it takes
+    no CPU from them) and stops it after; golden answers come from it when `reference` is None."""
     from validation import compat as compat_suite
-    from validation import gate, golden, profiles, report
+    from validation import gate, golden, profiles, report, traces
     from validation.bench import run_bench
 
     progress(f"[validate] compatibility suite against {endpoint.base_url}")
@@ -123,6 +131,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     _dump(run / "compat.json", compat)
     benches = []
     for i, load in enumerate(spec.validation.load):
+        trace = traces.load(load.trace, load.trace_format, load.time_scale, load.requests) if load.trace else None
         bench = run_bench(endpoint.base_url, spec.model.id, profiles.get(load.profile),
                           concurrency=None if load.rate else load.concurrency, rate=load.rate,
                           requests=load.requests if not load.duration_s else None, duration=load.duration_s,
@@ -130,23 +139,46 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           metrics_select=endpoint.metrics_labels or None,
                           metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
-                          metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout)
+                          metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
+                          tokenizer=endpoint.tokenizer, isolate=True)
+        if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
+            from validation.cost import bench_cost
+            bench["cost"] = bench_cost(bench, spec, rendered)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
-    matched = None
-    if reference is not None:
-        progress(f"[validate] golden tokens: {len(reference)} prompts against the single-engine reference")
-        answers = golden.collect(endpoint.base_url, spec.model.id, golden.prompts(len(reference)),
-                                 spec.validation.golden_max_tokens, api_key, timeout)
-        matched = golden.compare(reference, answers)
-        _dump(run / "golden.json", matched)
+    matched = diffed = None
+    want_diff = spec.validation.diff and release_file is not None
+    want_golden = reference is None and spec.validation.golden_prompts > 0
+    server: AbstractContextManager[str | None] = nullcontext(reference_url)
+    if reference_url is None and reference_server is not None and (want_diff or want_golden):
+        server = reference_server()   # one reference engine serves both checks
+    with server as ref_url:
+        if want_golden and ref_url:
+            progress(f"[validate] golden tokens: the reference's answers from {ref_url}")
+            reference = golden.collect(ref_url, spec.model.id, golden.prompts(spec.validation.golden_prompts),
+                                       spec.validation.golden_max_tokens, None, timeout)
+        if reference is not None:
+            progress(f"[validate] golden tokens: {len(reference)} prompts against the single-engine reference")
+            answers = golden.collect(endpoint.base_url, spec.model.id, golden.prompts(len(reference)),
+                                     spec.validation.golden_max_tokens, api_key, timeout)
+            matched = golden.compare(reference, answers)
+            _dump(run / "golden.json", matched)
+        # pdops diff (validation/diff/release.py): P/D vs the single-engine reference, request by request
+        if want_diff and ref_url:
+            from validation.diff.release import for_release
+
+            progress(f"[validate] differential suite: candidate vs single-engine reference {ref_url}")
+            try:
+                diffed = for_release(endpoint.base_url, ref_url, spec, release_file, run, progress, api_key)
+            except OSError as exc:
+                raise RunFolderError(run / "diff.json", exc) from exc
     replaced = replaced_engines(endpoint, current()) if current else None
-    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced)
+    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed)
     try:
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
         raise RunFolderError(run, exc) from exc
-    return {"decision": decision, "report": files, "golden": matched, "benches": benches}
+    return {"decision": decision, "report": files, "golden": matched, "benches": benches, "diff": diffed}
 
 
 def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[dict] | None:
@@ -171,7 +203,7 @@ _FETCH = object()   # validate_slot: ask the target for the golden reference
 
 def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progress, *,
                   slot: str = "candidate", digest: str | None = None, reference: Any = _FETCH,
-                  api_key: str | None = None) -> dict[str, Any]:
+                  api_key: str | None = None, rendered: Rendered | None = None) -> dict[str, Any]:
     """Validate what a slot serves with the overlay's `validation` and `slo`: the stage `pdops release`
     runs after rollout, and what the Argo `validate` step (candidate) and pd-canary (stable) run.
 
@@ -193,7 +225,7 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
                           f"({digest[7:19]})", ["roll the overlay out first, or validate the revision that is deployed"])
     if reference is _FETCH:
         reference = None
-        if spec.validation.golden_prompts:
+        if spec.validation.golden_prompts and not spec.validation.diff:
             from validation import golden
 
             reference = target.reference(record, golden.prompts(spec.validation.golden_prompts),
@@ -201,8 +233,11 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
     baseline = stable_baseline(status.last_good if slot == "candidate" else record, progress)
     endpoint = target.endpoint(slot)  # type: ignore[arg-type]
     progress(f"[validate] {slot} {record.short()} at {endpoint.base_url}")
+    release_file = Path(rendered.overlay) / "release.yaml" if rendered is not None and rendered.overlay else None
     result = validate_candidate(endpoint, spec, run, progress, reference, baseline, api_key,
-                                lambda: target.endpoint(slot))  # type: ignore[arg-type]
+                                lambda: target.endpoint(slot), rendered,  # type: ignore[arg-type]
+                                release_file=release_file,
+                                reference_server=lambda: target.reference_server(record, progress))
     result["release"] = record.short()
     return result
 
@@ -291,8 +326,8 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
             return finish("unchanged", ["the rendered manifest equals the stable release's; restored it"],
                           action=undo)
 
-        reference = None
-        if spec.validation.golden_prompts:
+        reference: Any = _FETCH   # with the diff on, golden answers come from its reference engine
+        if spec.validation.golden_prompts and not spec.validation.diff:
             from validation import golden
 
             reference = target.reference(record, golden.prompts(spec.validation.golden_prompts),
@@ -304,7 +339,7 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
             target.wait_ready(ready_timeout_s, progress)
             progress("[4/5 validate] the candidate serves")
             result = validate_slot(target, spec, run, progress, digest=record.digest, reference=reference,
-                                   api_key=api_key)
+                                   api_key=api_key, rendered=rendered)
         except (TargetError, RunFolderError) as exc:
             reasons = ([f"candidate failed on the target: {exc.problem}", *exc.details]
                        if isinstance(exc, TargetError) else [f"validation could not record its results: {exc}"])

@@ -80,8 +80,10 @@ def build(name: str = "pdops-tiny") -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    # show_progress=False: the trainer's progress bars (written by Rust to the terminal) would land
+    # in the middle of `pdops release` output when the release builds the model.
     trainer = trainers.BpeTrainer(vocab_size=RECIPE["vocab_size"], special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train(_corpus(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
                                    pad_token="<|pad|>", model_max_length=RECIPE["max_position_embeddings"])
@@ -105,6 +107,16 @@ def build(name: str = "pdops-tiny") -> Path:
     with torch.no_grad():
         for token_id in fast.all_special_ids:
             model.lm_head.weight[token_id].zero_()
-    model.save_pretrained(tmp, safe_serialization=True)
+    # transformers draws a per-shard progress bar on a terminal (modeling_utils.save_pretrained,
+    # logging.tqdm); for one small shard it leaves a blank line in the release output.
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     tmp.rename(out)
     return out

@@ -50,7 +50,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     say(f"[validate] {args.slot} of {overlay} on the {args.target} target; run folder {run}")
     target = open_target(args)
     try:
-        result = validate_slot(target, rendered.spec, run, say, slot=args.slot, digest=digest, api_key=_api_key())
+        result = validate_slot(target, rendered.spec, run, say, slot=args.slot, digest=digest, api_key=_api_key(),
+                               rendered=rendered)   # rendered: each run is priced on its nodes
     except TargetError as exc:
         if exc.transient:
             raise

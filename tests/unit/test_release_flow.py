@@ -72,6 +72,10 @@ class RecordingTarget:
     def reference(self, record, prompts, max_tokens, progress):
         return None
 
+    def reference_server(self, record, progress):
+        self.reference_servers = getattr(self, "reference_servers", 0) + 1
+        return nullcontext(getattr(self, "reference_url", None))
+
 
 @pytest.fixture(scope="module")
 def server():
@@ -232,3 +236,44 @@ def test_an_engine_replaced_during_validation_rolls_back_the_candidate(server, o
     out, _ = run(overlay, target, tmp_path)
     assert out["verdict"] == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
     assert out["reasons"] == ["engines replaced during validation: prefill p1 replaced by p2"]
+
+
+# -- validate_slot: the stage `pdops validate` (the Argo step and the canary) runs -----------------
+
+def test_a_promoted_release_records_its_baseline_and_the_next_candidate_is_compared_with_it(
+        server, overlay, tmp_path, monkeypatch):
+    """vs_stable on the Argo path: the report files of the promoting run are gone (they were in a
+    pod), so the baseline must travel in the target's history record."""
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    target = RecordingTarget(endpoint(server))
+    out, _ = run(overlay, target, tmp_path)
+    assert out["verdict"] == "promote" and target.baseline and target.baseline[0]["ttft_ms"]["p90"] > 0
+    stable = target.stable.model_copy(update={"baseline": target.baseline, "report": "/gone", "verdict": "promote"})
+    target.stable = stable
+    # a candidate the stable baseline says is 1000x faster than it can be: only vs_stable can fail it
+    faster = [dict(b, ttft_ms={**b["ttft_ms"], "p90": b["ttft_ms"]["p90"] / 1000}) for b in target.baseline]
+    target.status = lambda: TargetStatus(  # type: ignore[method-assign]
+        target="recording", stable=SlotStatus(slot="stable", release=stable, state="ready"),
+        candidate=SlotStatus(slot="candidate", release=target.candidate),
+        last_good=stable.model_copy(update={"baseline": faster}))
+    edit(overlay, slo__vs_stable={"ttft_p90": 1.1})
+    rendered = steps.load_release(str(overlay), None)
+    target.candidate = steps.record_of(rendered, "next").model_copy(update={"colour": "green"})
+    (tmp_path / "v").mkdir()
+    result = steps.validate_slot(target, rendered.spec, tmp_path / "v", lambda m: None, digest=target.candidate.digest)
+    failed = [c for c in result["decision"]["checks"] if not c["ok"]]
+    assert [c["check"] for c in failed] == ["vs_stable_ttft_p90"], failed
+
+
+def test_validate_refuses_a_slot_holding_another_release(server, overlay, tmp_path):
+    target = RecordingTarget(endpoint(server))
+    rendered = steps.load_release(str(overlay), None)
+    target.candidate = steps.record_of(rendered, "x").model_copy(update={"digest": "sha256:" + "0" * 64})
+    with pytest.raises(TargetError, match="not the release the overlay renders"):
+        steps.validate_slot(target, rendered.spec, tmp_path, lambda m: None, digest=steps.record_of(rendered, "").digest)
+    target.candidate = None
+    with pytest.raises(TargetError, match="no candidate release to validate"):
+        steps.validate_slot(target, rendered.spec, tmp_path, lambda m: None)
+    target.stable = steps.record_of(rendered, "x").model_copy(update={"model": "another-model"})
+    with pytest.raises(TargetError, match="serves model another-model"):
+        steps.validate_slot(target, rendered.spec, tmp_path, lambda m: None, slot="stable")

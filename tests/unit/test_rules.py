@@ -34,7 +34,8 @@ def _kv(args, phase):
 
 @pytest.mark.parametrize("env", OVERLAYS)
 def test_committed_overlays_are_clean(rendered, env):
-    assert lint(rendered(env)) == []
+    # Only notes remain: the guide's "fits on one node" (size-one-node) for the GPU overlays.
+    assert [f for f in lint(rendered(env)) if f.severity != "info"] == []
 
 
 def test_model_mismatch(rendered):

@@ -141,3 +141,23 @@ def test_scraper_gives_up_after_three_lags_and_says_how_much_it_saw(monkeypatch)
     sc.before()
     res = sc.after(requests_ok=6)
     assert (res["requests_seen"], res["requests_ok"]) == (0, 6)
+
+
+def _ttft(replica: str, n: int) -> str:
+    return (f'ray_vllm_time_to_first_token_seconds_bucket{{ReplicaId="{replica}",le="+Inf"}} {n}\n'
+            f'ray_vllm_time_to_first_token_seconds_count{{ReplicaId="{replica}"}} {n}\n'
+            f'ray_vllm_time_to_first_token_seconds_sum{{ReplicaId="{replica}"}} {n * 0.1}\n')
+
+
+def test_several_tagged_sources_split_per_phase_and_a_replaced_pod_counts_from_zero():
+    """Ray on Kubernetes: each worker pod exports its own engine; a pod replaced mid-run is a new source."""
+    srcs = sm.sources("http://10.0.0.1:8080/metrics#prefill, http://10.0.0.2:8080/metrics#decode,http://10.0.0.3:8080/metrics#decode")
+    assert [(s.url, s.phase) for s in srcs] == [("http://10.0.0.1:8080/metrics", "prefill"), ("http://10.0.0.2:8080/metrics", "decode"),
+                                                ("http://10.0.0.3:8080/metrics", "decode")]
+    phase_of = {s.url: s.phase for s in srcs}
+    before = {srcs[0].url: _ttft("p1", 10), srcs[1].url: _ttft("d1", 10)}           # d2's pod not there yet
+    after = {srcs[0].url: _ttft("p1", 14), srcs[2].url: _ttft("d2", 4)}             # d1's pod gone, d2 new
+    res = sm.diff_sources(before, after, phase_of)
+    assert {p: h["time_to_first_token_seconds"]["count"] for p, h in res["phases"].items()} == {"prefill": 4, "decode": 4}
+    assert res["histograms"]["time_to_first_token_seconds"]["count"] == 8
+    assert sm.sources("http://127.0.0.1:8080/metrics") == [sm.Source("http://127.0.0.1:8080/metrics", None)]

@@ -34,12 +34,18 @@ def manifest_digest(manifest: str) -> str:
 
 class Endpoint(BaseModel):
     base_url: str                    # OpenAI API root, ending in /v1
-    metrics_url: str | None = None   # Prometheus text with vllm:* / ray_vllm_* (KV-transfer evidence)
+    # Prometheus text with vllm:* / ray_vllm_* (KV-transfer evidence): one URL, or several separated by
+    # commas, each tagged with the phase of its engines, `http://10.0.3.7:8080/metrics#decode`, where
+    # every node exports only its own processes (validation.server_metrics.sources)
+    metrics_url: str | None = None
     # Label filter selecting this slot's engines in a metrics endpoint shared by both slots.
     metrics_labels: dict[str, list[str]] = {}   # label -> accepted values (any of them)
     # Per phase ("prefill", "decode"): the label selection of that phase's engines, where known.
     metrics_phases: dict[str, dict[str, list[str]]] = {}
     metrics_lag_s: float = 0.0       # how stale metrics_url can be (Ray exports every 10 s)
+    # The served model's tokenizer as a local HF directory, where the target has it: the benchmark
+    # then sends prompts of the profile's exact token count (without it, ~2x with the tiny model).
+    tokenizer: str | None = None
 
 
 class ReleaseRecord(BaseModel):
@@ -135,6 +141,11 @@ class Target(Protocol):
 
     def history(self) -> list[ReleaseRecord]:
         """Decided releases, oldest first."""
+
+    def reference_server(self, record: ReleaseRecord, progress: Progress) -> AbstractContextManager[str | None]:
+        """A single non-disaggregated engine of the record's model serving while the block runs: its
+        OpenAI base URL, or None where this target cannot run one. Golden tokens and `pdops diff`
+        share it."""
 
     def reference(self, record: ReleaseRecord, prompts: list[str], max_tokens: int,
                   progress: Progress) -> list[dict] | None:

@@ -27,12 +27,13 @@ import yaml
 from pydantic import BaseModel
 
 from validation.server_metrics import RAY_METRICS_LAG_S
+from workflows.errors import InputError
 from workflows.manifest import find, serve_config_of
-from workflows.serve_config import IMPORT_PATH
+from workflows.serve_config import IMPORT_PATH, app_args
 from workflows.targets.base import (Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus,
                                     appended, last_good, other_colour)
 from workflows.targets.local_stack import HOST, LocalRay, Ports, ReferenceEngine
-from workflows.tiny_model import resolve_source
+from workflows.tiny_model import SCHEME, model_dir, resolve_source
 
 ROUTES = {"stable": "/", "candidate": "/candidate"}
 # Colocated slots must not share NIXL side-channel ports (Ray's defaults: prefill 20000, decode 22000).
@@ -123,6 +124,22 @@ def slot_application(record: ReleaseRecord, slot: Literal["stable", "candidate"]
         config.setdefault("experimental_configs", {})["NIXL_SIDE_CHANNEL_PORT_BASE"] = \
             base + NIXL_COLOUR_OFFSET[record.colour]
     return app
+
+
+def served_tokenizer(record: ReleaseRecord) -> str | None:
+    """The tokenizer directory of the model the record serves, when it is on this machine (the
+    tiny model, a local path); None for a hub id or a model not built yet (nothing is built here)."""
+    try:
+        rayservice = find([o for o in yaml.safe_load_all(record.manifest) if o], "RayService")[0]
+        decode = app_args(serve_config_of(rayservice)).get("decode_config") or {}
+        source = str((decode.get("model_loading_config") or {}).get("model_source") or "")
+    except (yaml.YAMLError, IndexError, AttributeError):
+        return None
+    try:
+        path = model_dir(source.removeprefix(SCHEME)) if source.startswith(SCHEME) else Path(source)
+    except InputError:
+        return None
+    return str(path) if source and (path / "tokenizer_config.json").is_file() else None
 
 
 class LocalTarget:
@@ -255,7 +272,7 @@ class LocalTarget:
                   for phase in ("prefill", "decode") if name.lower().startswith(phase + ":")}
         return Endpoint(base_url=f"http://{HOST}:{self.ports.serve}{prefix}/v1", metrics_url=self.ray.metrics_url,
                         metrics_labels={"ReplicaId": replicas} if replicas else {}, metrics_phases=phases,
-                        metrics_lag_s=RAY_METRICS_LAG_S)
+                        metrics_lag_s=RAY_METRICS_LAG_S, tokenizer=served_tokenizer(record) if record else None)
 
     # -- the protocol ------------------------------------------------------------------------------
     def apply(self, record: ReleaseRecord, progress: Progress) -> ReleaseRecord:
@@ -362,20 +379,32 @@ class LocalTarget:
         answers are cached by model files, engine settings and prompts, so a re-release skips it."""
         from validation import golden
 
-        decode = slot_application(record.model_copy(update={"colour": "blue"}), "candidate")["args"]["decode_config"]
-        model_dir = decode["model_loading_config"]["model_source"]
-        engine = {k: v for k, v in decode["engine_kwargs"].items() if k != "kv_transfer_config"}
+        model_dir, engine = self._reference_settings(record)
         cache = self.home / "golden" / f"{_reference_key(model_dir, engine, prompts, max_tokens)}.json"
         if cache.exists():
             progress(f"[golden] reference answers cached ({cache.name[:12]}): no reference engine needed")
             return json.loads(cache.read_text(encoding="utf-8"))
-        progress(f"[golden] starting a single-engine reference of {record.model} on port {self.ports.reference}")
-        with ReferenceEngine(self.home, self.ports.reference, model_dir, record.model, engine) as ref:
-            ref.wait_ready(progress)
-            answers = golden.collect(ref.base_url, record.model, prompts, max_tokens)
+        with self.reference_server(record, progress) as base_url:
+            answers = golden.collect(base_url, record.model, prompts, max_tokens)
         cache.parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(cache, json.dumps(answers))
         return answers
+
+    def _reference_settings(self, record: ReleaseRecord) -> tuple[str, dict]:
+        """The model folder and engine arguments of the record's decode engines, minus the KV connector."""
+        decode = slot_application(record.model_copy(update={"colour": "blue"}), "candidate")["args"]["decode_config"]
+        engine = {k: v for k, v in decode["engine_kwargs"].items() if k != "kv_transfer_config"}
+        return decode["model_loading_config"]["model_source"], engine
+
+    @contextmanager
+    def reference_server(self, record: ReleaseRecord, progress: Progress) -> Iterator[str | None]:
+        """A plain vLLM engine of the record's model with its engines' settings, serving while the
+        block runs (about 3 GiB beside both slots; stopped, by its PID, when the block ends)."""
+        model_dir, engine = self._reference_settings(record)
+        progress(f"[reference] starting a single-engine reference of {record.model} on port {self.ports.reference}")
+        with ReferenceEngine(self.home, self.ports.reference, model_dir, record.model, engine) as ref:
+            ref.wait_ready(progress)
+            yield ref.base_url
 
     def _serving(self, record: ReleaseRecord) -> bool:
         return (self.ray.applications().get(self._app_name(record)) or {}).get("status") == "RUNNING"

@@ -19,16 +19,23 @@ from tests.fakes.kube.server import ApiServer, Request
 from tests.fakes.kube.store import BY_KIND, RESOURCES, Store
 
 DEFAULT_NAMESPACES = ("default", "pdops", "pdops-local", "llm-dev", "llm-staging", "llm-prod")
+# One CPU node, room for both colours of the local overlay (5 CPU, 16 GiB each); GPU tests add their nodes.
+DEFAULT_NODES = ({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-1", "labels": {"kubernetes.io/hostname": "cpu-1"}},
+                  "status": {"allocatable": {"cpu": "32", "memory": "128Gi", "pods": "110"},
+                             "conditions": [{"type": "Ready", "status": "True"}]}},)
 
 
 class TestCluster:
     __test__ = False  # not a pytest test class
 
     def __init__(self, namespaces: tuple[str, ...] = DEFAULT_NAMESPACES, kubeconfig: str | os.PathLike | None = None,
-                 tick_s: float = 0.05) -> None:
+                 tick_s: float = 0.05, nodes: tuple[dict, ...] | None = None) -> None:
+        nodes = DEFAULT_NODES if nodes is None else nodes
         self.store = Store()
         for ns in namespaces:
             self.store.create(BY_KIND["Namespace"], "", {"metadata": {"name": ns}}, "test")
+        for node in nodes:
+            self.add_node(node)
         self.api = ApiServer(self.store)
         started, failed = threading.Event(), []
 
@@ -68,6 +75,10 @@ class TestCluster:
             "users": [{"name": "test", "user": {"token": "test-token"}}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
 
+    def add_node(self, node: dict) -> dict:
+        """A Node as the kubelet registers it (status included)."""
+        return self.store.create(BY_KIND["Node"], "", node, "kubelet")
+
     # ---- clients ----
 
     def client(self, agent: str = "pdops-test"):
@@ -79,6 +90,10 @@ class TestCluster:
         return api
 
     # ---- reading what happened ----
+
+    @staticmethod
+    def store_resource(plural: str):
+        return next(r for r in RESOURCES if r.plural == plural)
 
     def objects(self, plural: str, namespace: str | None = None) -> dict[str, dict[str, Any]]:
         """Stored objects of a resource by name (terminating ones included: check deletionTimestamp)."""
@@ -121,5 +136,6 @@ class TestCluster:
 
 
 def start_cluster(kubeconfig: str | os.PathLike | None = None, namespaces: tuple[str, ...] = DEFAULT_NAMESPACES,
-                  tick_s: float = 0.05) -> TestCluster:
-    return TestCluster(namespaces, kubeconfig, tick_s)
+                  tick_s: float = 0.05, nodes: tuple[dict, ...] | None = None) -> TestCluster:
+    """`nodes`: Node objects (default: one 32-CPU node); the fake scheduler places pods on them."""
+    return TestCluster(namespaces, kubeconfig, tick_s, nodes)

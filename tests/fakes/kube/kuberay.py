@@ -36,8 +36,10 @@ from typing import Any
 
 import yaml
 
+from tests.fakes.kube.controllers import disruption, endpoint_slices
 from tests.fakes.kube.engine import EngineApp
 from tests.fakes.kube.network import Network
+from tests.fakes.kube.scheduler import schedule
 from tests.fakes.kube.store import BY_KIND, ApiError, Store, now
 
 FINALIZER = "ray.io/rayservice-finalizer"
@@ -65,6 +67,7 @@ class FakeKubeRay:
     terminating: dict[str, int] = field(default_factory=dict)
     pod_ips: dict[tuple[str, str], str] = field(default_factory=dict)
     error: BaseException | None = None
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineApp keywords, e.g. longer streams
 
     def __post_init__(self) -> None:
         self.store.listeners.append(self._changed)
@@ -76,6 +79,8 @@ class FakeKubeRay:
     async def run(self, tick_s: float) -> None:
         while True:
             try:
+                endpoint_slices(self.store)
+                disruption(self.store)
                 for rs in self.store.list(RS, None)[0]:
                     try:
                         await self.reconcile(rs)
@@ -160,16 +165,21 @@ class FakeKubeRay:
             (g["groupName"], "worker", g, max(int(g.get("replicas") or 0), int(g.get("minReplicas") or 0)) * int(g.get("numOfHosts", 1)))
             for g in spec.get("workerGroupSpecs") or []]
         running = cluster.tick >= self.ticks_to_ready and mode in ("ok", "head_unhealthy")
-        if running and cluster.app is None:
-            cluster.app = EngineApp(cluster.model)
         for group, node_type, group_spec, replicas in groups:
             have = [p for p in pods.values() if p["metadata"]["labels"].get("ray.io/group") == group]
             for _ in range(replicas - len(have)):
-                stuck = mode == "stuck" and node_type == "worker"
-                pod = self._pod(rs, rc, cluster, group, node_type, group_spec, stuck)
+                pod = self._pod(rs, rc, cluster, group, node_type, group_spec)
                 pods[pod["metadata"]["name"]] = pod
+        for name, pod in list(pods.items()):
+            if not (pod.get("spec") or {}).get("nodeName"):
+                pods[name] = self._bind(ns, pod, mode == "stuck" and pod["metadata"]["labels"]["ray.io/node-type"] == "worker")
+        running = running and all((p.get("status") or {}).get("podIP") for p in pods.values())  # Serve starts once every pod runs
+        if running and cluster.app is None:
+            cluster.app = EngineApp(cluster.model, **self.engine)
         for pod in pods.values():
             await self._pod_state(ns, cluster, pod, running, mode)
+        if cluster.tick >= 2 and not running and mode != "fail" or 2 <= cluster.tick < self.ticks_to_ready:
+            self._status(rs, {"pendingServiceStatus": _service(cluster.name, "DEPLOYING")})  # Serve app submitted
         if mode == "fail" and cluster.tick == self.ticks_to_ready:
             self._status(rs, {"pendingServiceStatus": _service(cluster.name, "DEPLOY_FAILED",
                                                                "engine failed: CUDA out of memory")})
@@ -181,7 +191,7 @@ class FakeKubeRay:
                               "conditions": _conditions(str(ready), "NonZeroServeEndpoints" if ready else "ZeroServeEndpoints",
                                                         "", upgrade=("False", "NoPendingCluster"))})
 
-    def _pod(self, rs, rc, cluster: _Cluster, group: str, node_type: str, group_spec: dict, stuck: bool) -> dict:
+    def _pod(self, rs, rc, cluster: _Cluster, group: str, node_type: str, group_spec: dict) -> dict:
         ns, template = rs["metadata"]["namespace"], group_spec.get("template") or {}
         labels = {"ray.io/is-ray-node": "yes", "ray.io/identifier": f"{cluster.name}-{node_type}",
                   "app.kubernetes.io/name": "kuberay", "app.kubernetes.io/created-by": "kuberay-operator",
@@ -189,17 +199,26 @@ class FakeKubeRay:
                   "ray.io/cluster": cluster.name, "ray.io/node-type": node_type, "ray.io/group": group,
                   "ray.io/serve": "false" if node_type == "head" else "true"}
         prefix = f"{cluster.name}-head-" if node_type == "head" else f"{cluster.name}-{group}-worker-"
-        pod = self.store.create(POD, ns, {"metadata": {"generateName": prefix, "labels": labels, "ownerReferences": [_owner(rc)]},
+        return self.store.create(POD, ns, {"metadata": {"generateName": prefix, "labels": labels, "ownerReferences": [_owner(rc)]},
                                           "spec": template.get("spec") or {}}, MANAGER)
-        if stuck:
-            message = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
-            pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
-                                                                 "reason": "Unschedulable", "message": message}]}
-            self._event(ns, pod, "Warning", "FailedScheduling", message)
-        else:
-            ip = self.pod_ips[(ns, pod["metadata"]["name"])] = self.network.pod_ip()
-            pod["status"] = {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "False"}]}
-        return self.store.update(POD, ns, pod["metadata"]["name"], pod, "kubelet", subresource="status")
+
+    def _bind(self, ns: str, pod: dict, stuck: bool) -> dict:
+        """The scheduler (scheduler.py; `stuck` forces it to find no node), then the kubelet starts it."""
+        name = pod["metadata"]["name"]
+        node, why = (None, "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.") if stuck else schedule(self.store, pod)
+        if node is None:
+            conditions = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}]
+            if (pod.get("status") or {}).get("conditions") != conditions:
+                pod["status"] = {"phase": "Pending", "conditions": conditions}
+                self._event(ns, pod, "Warning", "FailedScheduling", why)
+                return self.store.update(POD, ns, name, pod, "default-scheduler", subresource="status")
+            return pod
+        pod["spec"]["nodeName"] = node  # pods/binding
+        pod = self.store.update(POD, ns, name, pod, "default-scheduler")
+        ip = self.pod_ips[(ns, name)] = self.network.pod_ip()
+        pod["status"] = {"phase": "Running", "podIP": ip, "conditions": [{"type": "PodScheduled", "status": "True"},
+                                                                         {"type": "Ready", "status": "False"}]}
+        return self.store.update(POD, ns, name, pod, "kubelet", subresource="status")
 
     async def _pod_state(self, ns: str, cluster: _Cluster, pod: dict, running: bool, mode: str) -> None:
         """Processes on the pod's address, its Ready condition and (head) its serve label."""
@@ -213,7 +232,8 @@ class FakeKubeRay:
         head = labels["ray.io/node-type"] == "head"
         serve = "false" if head and mode == "head_unhealthy" else "true"
         if not any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or []):
-            pod["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastTransitionTime": now()}]
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"},
+                                           {"type": "Ready", "status": "True", "lastTransitionTime": now()}]
             pod = self.store.update(POD, ns, name, pod, "kubelet", subresource="status")
         if labels.get("ray.io/serve") != serve:  # updateHeadPodServeLabel: an Update of the pod
             pod["metadata"]["labels"]["ray.io/serve"] = serve
@@ -258,6 +278,10 @@ class FakeKubeRay:
     def _status(self, rs: dict, status: dict) -> None:
         ns, name = rs["metadata"]["namespace"], rs["metadata"]["name"]
         current = self.store.get(RS, ns, name)
+        old = {c["type"]: c for c in (current.get("status") or {}).get("conditions") or []}
+        for cond in status.get("conditions") or []:  # meta.SetStatusCondition: the time moves only with the status
+            if cond["type"] in old and old[cond["type"]]["status"] == cond["status"]:
+                cond["lastTransitionTime"] = old[cond["type"]]["lastTransitionTime"]
         merged = {**(current.get("status") or {}), **status}
         if merged != current.get("status"):
             current["status"] = merged

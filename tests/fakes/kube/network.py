@@ -47,6 +47,7 @@ class Network:
         self.listeners: dict[tuple[str, int], asyncio.AbstractServer] = {}
         self._rr = itertools.count()
         self._service_ips: dict[tuple[str, str], str] = {}
+        self.errors: list[BaseException] = []
         store.allocate_ip = lambda: next(self._svc_ips)
         store.listeners.append(self._changed)
 
@@ -87,7 +88,14 @@ class Network:
         res, ns, name = key
         if res.kind != "Service":
             return
-        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._sync_service(ns, name, obj)))
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._logged(self._sync_service(ns, name, obj))))
+
+    async def _logged(self, coro) -> None:
+        try:
+            await coro
+        except Exception as exc:  # noqa: BLE001 - kept for the test to see, not lost in a task
+            self.errors.append(exc)
+            raise
 
     async def _sync_service(self, ns: str, name: str, svc: dict | None) -> None:
         if svc is None:

@@ -23,7 +23,7 @@ import aiohttp.web
 import yaml
 
 from tests.fakes.kube import apply as ssa
-from tests.fakes.kube.store import BY_PATH, ApiError, Resource, Store, not_found
+from tests.fakes.kube.store import BY_PATH, ApiError, Resource, Store
 
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
 

@@ -59,7 +59,8 @@ RESOURCES = [Resource("", "v1", p, k, ns, st) for p, k, ns, st in (
     Resource("ray.io", "v1", "rayclusters", "RayCluster", True, True),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, True),
     Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor"),
-    Resource("coordination.k8s.io", "v1", "leases", "Lease")]
+    Resource("coordination.k8s.io", "v1", "leases", "Lease"),
+    Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")]
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 BY_KIND = {r.kind: r for r in RESOURCES}
 

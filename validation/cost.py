@@ -1,0 +1,142 @@
+"""What a benchmark run costs: $ per million input and output tokens and per 1,000 requests,
+per phase and in total, from the run's measured throughput and the nodes the release holds.
+
+    phase $/hour           = phase nodes x the instance type's on-demand hourly price
+    phase nodes            = worker pods x (1 when a pod takes its node, else pod GPUs / instance GPUs)
+    $ per million tokens   = $/hour / (measured tokens per second x 3600) x 1,000,000
+    $ per 1,000 requests   = $/hour / (measured successful requests per second x 3600) x 1,000
+    total                  = the sum of the phases' $/hour over the same measured throughput
+
+Tokens are the server's usage counts (prompt_tokens, completion_tokens) of successful requests
+over the run's wall time; the run is the release's whole throughput, so every phase is charged
+for the same tokens. The CPU head pod on the system node group is not priced. Prices come from
+workflows/data/prices.yaml (region, date, source in the file) overridden by the spec's `cost`.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workflows.manifest import Rendered
+from workflows.serve_config import PHASES
+from workflows.spec import ReleaseSpec
+
+PRICES = Path(__file__).resolve().parent.parent / "workflows" / "data" / "prices.yaml"
+FORMULA = "phase nodes x $/hour / (measured tokens/s x 3600) x 1e6; per 1,000 requests likewise"
+
+
+@functools.lru_cache(maxsize=1)
+def pinned_prices() -> dict[str, Any]:
+    return yaml.safe_load(PRICES.read_text(encoding="utf-8"))
+
+
+def price_of(instance: str, spec: ReleaseSpec) -> tuple[float | None, str]:
+    """(USD per hour, where it comes from) for an instance type in the spec's region."""
+    if instance in spec.cost.prices:
+        return spec.cost.prices[instance], "release.yaml cost.prices"
+    table = pinned_prices()
+    region = spec.cost.region or table["region"]
+    row = table["prices"].get(instance)
+    if region != table["region"] or row is None:
+        return None, f"no pinned price for {instance} in {region}: set cost.prices.{instance} in release.yaml"
+    flag = " (unverified)" if row.get("unverified") else ""
+    return float(row["usd_per_hour"]), f"prices.yaml {table['region']} {table['pinned']} [{row['source']}]{flag}"
+
+
+def phase_nodes(rendered: Rendered) -> dict[str, tuple[str, float]]:
+    """phase -> (instance type, nodes it holds) from the rendered worker groups."""
+    from workflows.checks.instances import phase_instances, takes_node
+    from workflows.checks.rules import GPU, _limit
+
+    out = {}
+    for name, (_, group, it_name, it) in phase_instances(rendered).items():
+        pods = int(group.get("replicas") or group.get("minReplicas") or 1)
+        share = 1.0 if it is None or takes_node(group, it) else min(1.0, _limit(group, GPU) / it.gpus)
+        out[name] = (it_name, pods * share)
+    return out
+
+
+def _per(usd_per_hour: float, per_second: float, unit: float) -> float | None:
+    return usd_per_hour / (per_second * 3600) * unit if per_second > 0 else None
+
+
+def _rates(usd_per_hour: float, tput: dict[str, float]) -> dict[str, float | None]:
+    return {"usd_per_hour": usd_per_hour,
+            "usd_per_million_input_tokens": _per(usd_per_hour, tput["input_tokens_per_s"], 1e6),
+            "usd_per_million_output_tokens": _per(usd_per_hour, tput["output_tokens_per_s"], 1e6),
+            "usd_per_1k_requests": _per(usd_per_hour, tput["requests_per_s"], 1e3)}
+
+
+def bench_cost(bench: dict[str, Any], spec: ReleaseSpec, rendered: Rendered) -> dict[str, Any]:
+    wall = float(bench.get("wall_s") or 0)
+    tput = {"input_tokens_per_s": float(bench.get("input_token_throughput_tps") or 0),
+            "output_tokens_per_s": float(bench.get("output_token_throughput_tps") or 0),
+            "requests_per_s": float(bench.get("request_throughput_rps") or 0), "wall_s": wall}
+    out: dict[str, Any] = {"formula": FORMULA, "throughput": tput, "phases": {}}
+    nodes = phase_nodes(rendered)
+    missing = [n for n in PHASES if n not in nodes]
+    if missing:
+        return out | {"priced": False, "reason": f"{', '.join(missing)} not pinned to an instance type "
+                      "(node.kubernetes.io/instance-type): nothing to price"}
+    total = 0.0
+    for name in PHASES:
+        it, count = nodes[name]
+        price, source = price_of(it, spec)
+        if price is None:
+            return out | {"priced": False, "reason": source}
+        out["phases"][name] = {"instance_type": it, "nodes": count, "usd_per_node_hour": price,
+                               "price_source": source, **_rates(count * price, tput)}
+        total += count * price
+    return out | {"priced": True, "total": _rates(total, tput)}
+
+
+def vs_stable_cost(candidate: dict[str, Any], stable: dict[str, Any], factor: float,
+                   label: str) -> tuple[str, bool, str, str, float | None, float]:
+    """The gate's `vs_stable.cost` check: candidate $ per 1,000 requests <= factor x stable's."""
+    c = ((candidate.get("cost") or {}).get("total") or {}).get("usd_per_1k_requests")
+    s = ((stable.get("cost") or {}).get("total") or {}).get("usd_per_1k_requests")
+    if c is None or not s:
+        return ("vs_stable_cost", False, f"{label}: $ per 1,000 requests cannot be compared (candidate {c}, "
+                f"stable {s}): both runs need priced instance types", label, None, factor)
+    r = c / s
+    return ("vs_stable_cost", r <= factor, f"{label}: ${c:.4f} per 1,000 requests is {r:.2f}x stable "
+            f"${s:.4f} (limit {factor}x)", label, r, factor)
+
+
+def add_costs(benches: list[dict[str, Any]], overlay: Path) -> str | None:
+    """Price benches that carry no `cost` yet (`pdops gate` on runs of `pdops bench`) on the overlay's
+    nodes. Returns why nothing was priced, or None."""
+    from workflows.errors import InputError
+    from workflows.manifest import render
+
+    todo = [b for b in benches if isinstance(b, dict) and "cost" not in b]
+    if not todo:
+        return None
+    try:
+        rendered = render(Path(overlay), validate_serve_config=False)
+    except InputError as exc:
+        return f"runs not priced: {exc.render()}"
+    assert rendered.spec is not None
+    for b in todo:
+        b["cost"] = bench_cost(b, rendered.spec, rendered)
+    return None
+
+
+def markdown_lines(labels_and_benches: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The report's cost table: total and per phase, for each priced run."""
+    rows = [(lab, name, p) for lab, b in labels_and_benches if (b.get("cost") or {}).get("priced")
+            for name, p in [*b["cost"]["phases"].items(), ("total", b["cost"]["total"])]]
+    if not rows:
+        return []
+    f = lambda v, spec: "-" if v is None else format(v, spec)   # noqa: E731
+    lines = ["## Cost (on-demand, validation/cost.py)", "", FORMULA + ".", "",
+             "| run | phase | nodes | $/hour | $/M input tokens | $/M output tokens | $/1k requests |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for lab, name, p in rows:
+        lines.append(f"| {lab} | {name} | {f(p.get('nodes'), 'g')} | {p['usd_per_hour']:.2f} | "
+                     f"{f(p['usd_per_million_input_tokens'], '.2f')} | {f(p['usd_per_million_output_tokens'], '.2f')} | "
+                     f"{f(p['usd_per_1k_requests'], '.3f')} |")
+    return lines + [""]

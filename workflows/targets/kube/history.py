@@ -1,0 +1,104 @@
+"""The release history in the ConfigMap `pdops-history-<release>`, bounded in bytes.
+
+A ConfigMap's values may total 1 MiB (kubernetes pkg/apis/core/validation ValidateConfigMap:
+totalSize > core.MaxSecretSize = 1 MiB -> 422). One rendered manifest is ~10 KiB, and a failed
+release's reasons can carry Serve tracebacks of tens of KiB; unbounded, a history passes the limit,
+and from then on every write of it fails (rollback included, after it deleted the candidate).
+So the store keeps what rollback needs and trims the rest, always under BUDGET:
+- manifests only where they can be redeployed: the stable and candidate slots and the promoted
+  records (a rolled-back or failed release is never redeployed; its digest and revision stay);
+- each reason cut to REASON_CHARS (the full text is in the run's report);
+- then the oldest records, never the last good one, until it fits. A manifest that alone exceeds
+  the budget is refused before anything is applied.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from workflows.names import HISTORY_LABEL, PART_OF
+from workflows.targets.base import HISTORY_KEEP, ReleaseRecord, TargetError, last_good
+from workflows.targets.kube.api import Kube
+
+LIMIT = 1024 * 1024               # core.MaxSecretSize
+BUDGET = LIMIT - 64 * 1024        # room for keys, labels and the next record's growth
+REASON_CHARS = 2000
+
+
+@dataclass
+class State:
+    """What the history ConfigMap holds."""
+
+    release: str | None = None
+    history: list[ReleaseRecord] = field(default_factory=list)
+    stable: ReleaseRecord | None = None
+    candidate: ReleaseRecord | None = None
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS] + f" ... [{len(text) - REASON_CHARS} more characters in the report]"
+
+
+def _slim(record: ReleaseRecord, keep_manifest: bool) -> ReleaseRecord:
+    """Reasons cut; manifest and bench baseline kept only where the record can be redeployed or compared with."""
+    return record.model_copy(update={"reasons": [_cut(r) for r in record.reasons],
+                                     "manifest": record.manifest if keep_manifest else "",
+                                     "baseline": record.baseline if keep_manifest else None})
+
+
+def encode(state: State, budget: int = BUDGET) -> dict[str, str]:
+    """history.json and slots.json for `state`, trimmed to `budget` bytes (UTF-8) together."""
+    def dump(r: ReleaseRecord | None) -> Any:
+        return r.model_dump(mode="json") if r else None
+    slots = json.dumps({"stable": dump(state.stable and _slim(state.stable, True)),
+                        "candidate": dump(state.candidate and _slim(state.candidate, True))})
+    if len(slots.encode()) > budget // 2:
+        raise TargetError(f"the release's manifests take {len(slots.encode())} bytes; the history ConfigMap holds {LIMIT}",
+                          ["a rendered manifest should be ~10 KiB: check the overlay for embedded files or huge serve configs"])
+    good = last_good(state.history)
+    records = [_slim(r, r.verdict == "promote") for r in state.history[-HISTORY_KEEP:]]
+    while True:
+        history = json.dumps([dump(r) for r in records])
+        if len(history.encode()) + len(slots.encode()) <= budget or len(records) <= 1:
+            return {"history.json": history, "slots.json": slots}
+        drop = next((i for i, r in enumerate(records) if good is None or r.digest != good.digest or r.verdict != "promote"), 0)
+        records.pop(drop)
+
+
+def decode(data: dict[str, str], release: str) -> State:
+    slots = json.loads(data.get("slots.json") or "{}")
+    def one(key: str) -> ReleaseRecord | None:
+        return ReleaseRecord.model_validate(slots[key]) if slots.get(key) else None
+    return State(release=release, history=[ReleaseRecord.model_validate(r) for r in json.loads(data.get("history.json") or "[]")],
+                 stable=one("stable"), candidate=one("candidate"))
+
+
+class HistoryStore:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    @staticmethod
+    def name(release: str) -> str:
+        return f"pdops-history-{release}"
+
+    def find_release(self) -> str | None:
+        """The one release of this namespace, by the history ConfigMap's label."""
+        found = self.kube.list("ConfigMap", HISTORY_LABEL)
+        if len(found) > 1:
+            names = sorted(c["metadata"]["name"] for c in found)
+            raise TargetError(f"several pdops releases in namespace {self.kube.namespace}: {', '.join(names)}",
+                              ["keep one release per namespace (one RayService per environment)"])
+        return found[0]["metadata"]["labels"][HISTORY_LABEL] if found else None
+
+    def read(self, release: str) -> State:
+        cm = self.kube.get("ConfigMap", self.name(release))
+        return decode((cm or {}).get("data") or {}, release)
+
+    def save(self, state: State) -> None:
+        assert state.release
+        self.kube.apply({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": self.name(state.release), "namespace": self.kube.namespace,
+                         "labels": {**PART_OF, "app.kubernetes.io/managed-by": "pdops", HISTORY_LABEL: state.release}},
+            "data": encode(state)})
