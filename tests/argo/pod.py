@@ -60,16 +60,20 @@ class PodResult:
     seconds: float = 0.0
 
 
+BASE_IMAGE_ENV = {"PATH": "/usr/local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}  # python:3.11-slim
+
+
 def dockerfile_image(dockerfile: Path) -> tuple[dict[str, str], list[str]]:
-    """ENV and ENTRYPOINT of the step image, read from the Dockerfile so the two cannot drift."""
+    """ENV and ENTRYPOINT of the step image, read from the Dockerfile so the two cannot drift; `$VAR`
+    in an ENV value is the value so far (Docker's ENV substitution), starting from the base image's."""
     text = dockerfile.read_text().replace("\\\n", " ")
-    env: dict[str, str] = {}
+    env: dict[str, str] = dict(BASE_IMAGE_ENV)
     entrypoint: list[str] = []
     for line in text.splitlines():
         if line.startswith("ENV "):
             for item in shlex.split(line[4:]):
                 key, _, value = item.partition("=")
-                env[key] = value
+                env[key] = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), ""), value)
         elif line.startswith("ENTRYPOINT "):
             entrypoint = __import__("json").loads(line[len("ENTRYPOINT "):])
     return env, entrypoint
@@ -108,8 +112,8 @@ class PodRunner:
         return d
 
     def env(self, pod: PodSpec) -> dict[str, str]:
-        env = {"PATH": f"{self.bin}:/usr/local/bin:/usr/bin:/bin", "HOSTNAME": pod.name[:63]}
-        env.update(self.image_env)
+        env = {"HOSTNAME": pod.name[:63], **self.image_env}
+        env["PATH"] = f"{self.bin}:{env['PATH']}"  # `pdops` and `kubectl` of the image, standing in for its venv
         env["PYTHONPATH"] = str(self.image_src)  # the pdops installed in the image (its revision)
         if self.kubeconfig is not None:
             env["KUBECONFIG"] = str(self.kubeconfig)  # stands in for the ServiceAccount token
