@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 import yaml
-from kubernetes import client
 
 from tests.argo.pod import PodRunner
 from tests.argo.spec import WorkflowSpec, load_workflow_spec
@@ -44,6 +43,49 @@ def engine_factory(model: str) -> EngineApp:
     return app
 
 
+def overlay_nodes(per_selector: int = 2) -> tuple[dict, ...]:
+    """Nodes for overlays/dev: for every pod group of its RayService (head and workers), nodes with the
+    group's nodeSelector labels and room for one pod each, `per_selector` of them (both colours)."""
+    rendered = render(ROOT / "overlays" / ENV, validate_serve_config=False)
+    rc = next(o for o in rendered.objects if o["kind"] == "RayService")["spec"]["rayClusterConfig"]
+    nodes: dict[tuple, dict] = {}
+    for group in [rc["headGroupSpec"], *rc.get("workerGroupSpecs", [])]:
+        spec = group["template"]["spec"]
+        selector = tuple(sorted((spec.get("nodeSelector") or {}).items()))
+        want: dict[str, float] = {}
+        for c in spec.get("containers", []):
+            for k, v in ((c.get("resources") or {}).get("requests") or (c.get("resources") or {}).get("limits") or {}).items():
+                want[k] = want.get(k, 0) + _quantity(v)
+        have = nodes.setdefault(selector, {})
+        for k, v in want.items():
+            have[k] = max(have.get(k, 0), v)
+    out = []
+    for i, (selector, room) in enumerate(nodes.items()):
+        allocatable = {k: _format(k, v) for k, v in room.items()} | {"pods": "110"}
+        for j in range(per_selector):
+            name = f"node-{i}-{j}"
+            out.append({"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": name, "labels": {**dict(selector), "kubernetes.io/hostname": name}},
+                        "status": {"allocatable": allocatable, "capacity": allocatable,
+                                   "conditions": [{"type": "Ready", "status": "True"}]}})
+    return tuple(out)
+
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def _quantity(v) -> float:
+    text = str(v)
+    for unit, factor in _UNITS.items():
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * factor
+    return float(text)
+
+
+def _format(key: str, v: float) -> str:
+    return f"{int(v // 2**30)}Gi" if key in ("memory", "ephemeral-storage") else (f"{int(v * 1000)}m" if key == "cpu" else str(int(v)))
+
+
 def committed(file: str) -> WorkflowSpec:
     return load_workflow_spec(next(d for d in yaml.safe_load_all((ARGO / file).read_text()) if d))
 
@@ -51,14 +93,7 @@ def committed(file: str) -> WorkflowSpec:
 class PipelineCluster:
     def __init__(self, root: Path, runner_factory, revision: str) -> None:
         self.revision, self._closed = revision, False
-        self.cluster = start_cluster(kubeconfig=root / "kubeconfig")
-        core = client.CoreV1Api(self.cluster.client("kubelet"))
-        for phase in ("prefill", "decode"):  # overlays/dev/node-groups.yaml: g6e.12xlarge (4 GPUs) per phase
-            for i in range(4):
-                core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"g6e-{phase}-{i}", "labels": {
-                    "node.kubernetes.io/instance-type": "g6e.12xlarge", "pdops.dev/phase": phase}},
-                    "status": {"allocatable": {"nvidia.com/gpu": "4"}, "conditions": [{"type": "Ready", "status": "True"}]}},
-                    _preload_content=False)
+        self.cluster = start_cluster(kubeconfig=root / "kubeconfig", nodes=overlay_nodes())
         self.runner: PodRunner = runner_factory(kubeconfig=self.cluster.kubeconfig, hosts=self.cluster.hosts)
         self.work = root / "runs"
 
