@@ -18,13 +18,6 @@ import pytest
 
 from tests.argo.scenario import committed
 
-# Every validation in the test cluster rolls back today: the fake KubeRay's worker pods export no
-# KV-transfer series, so `pdops validate`'s KV evidence check sees 0 of N requests (measured: "0
-# prompt tokens arrived by KV transfer ... 0 of 200 requests"). The k8s helper's engine metrics fix it;
-# strict, so the marker goes the day a run promotes.
-KV_METRICS = pytest.mark.xfail(strict=True, reason="k8s helper's work missing: tests/fakes/kube engines export no "
-                                                  "KV-transfer metrics, so every validation rolls back")
-
 def verdict_series(run, prefix: str = "pd_release"):
     return [(s.labels.get("verdict"), s.labels.get("status"), s.value) for s in run.series(f"{prefix}_verdict_total")]
 
@@ -40,7 +33,6 @@ def tasks_after(task: str, file: str = "pd-release.yaml") -> dict[str, float]:
     return {t: 0.5 for t in after - {task}}
 
 
-@KV_METRICS
 def test_manual_run_from_the_ui_promotes(pipeline):
     run = pipeline.submit("pd-release.yaml", {}, via="ui")
     assert run.phase == "Succeeded", run.describe()

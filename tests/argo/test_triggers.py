@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.argo.scenario import ARGO, committed
-from tests.argo.test_release import KV_METRICS, verdict_series
+from tests.argo.test_release import verdict_series
 from tests.argo.validate import validate_submission
 from tests.unit.test_webhook import AFTER, commit, delivery, submitted
 
@@ -34,7 +34,6 @@ def test_push_for_an_environment_submits_a_workflow_argo_accepts(env):
     assert merged == {**defaults, "environment": env, "revision": AFTER}
 
 
-@KV_METRICS
 def test_push_to_dev_releases_the_pushed_revision(pipeline):
     body = json.loads(delivery(commits=[commit(modified=["overlays/dev/release.yaml"])]))["body"]
     body["after"] = pipeline.revision                # a commit the (emulated) git server has
