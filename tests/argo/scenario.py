@@ -1,0 +1,146 @@
+"""A test cluster for the committed workflows: tests/fakes/kube (the Kubernetes API emulator, the fake
+KubeRay v1.7 with engines behind real Serve proxies on pod IPs, Services with clusterIPs in 127/8
+and kube-proxy forwarding; see its docstrings for what it models) plus what the dev overlay needs:
+GPU nodes matching its node groups, and engines whose latency or compatibility a test chooses.
+
+The steps reach it as pods do: KUBECONFIG (for the ServiceAccount token) and /etc/hosts from the
+cluster's Services at the moment each pod starts (cluster DNS).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import yaml
+
+from tests.argo.pod import PodRunner
+from tests.argo.spec import WorkflowSpec, load_workflow_spec
+from tests.argo.workflow import Run, run_workflow
+from tests.conftest import ROOT
+from tests.fakes.known_timing_server import Broken
+from tests.fakes.kube import start_cluster
+from tests.fakes.kube.engine import EngineApp
+from workflows.manifest import dump_manifest, render
+from workflows.targets.base import ReleaseRecord
+from workflows.targets.kubernetes import KubernetesTarget
+
+ARGO = ROOT / "kustomize" / "argo"
+REPO_URL = "https://github.com/pdops/pdops.git"   # the template's default repo-url; served from ROOT
+ENV, NS, RELEASE = "dev", "llm-dev", "pd-llm"
+
+
+_NEXT_ENGINE: dict = {}
+
+
+def engine_factory(model: str) -> EngineApp:
+    """Replaces EngineApp in the fake KubeRay (patched for the session by the tier's conftest)."""
+    behaviour = dict(_NEXT_ENGINE)
+    _NEXT_ENGINE.clear()
+    app = EngineApp(model, **{k: v for k, v in behaviour.items() if k != "broken"})
+    if "broken" in behaviour:
+        app.server.broken = Broken(**behaviour["broken"])
+    return app
+
+
+def overlay_nodes(per_selector: int = 2) -> tuple[dict, ...]:
+    """Nodes for overlays/dev: for every pod group of its RayService (head and workers), nodes with the
+    group's nodeSelector labels and room for one pod each, `per_selector` of them (both colours)."""
+    rendered = render(ROOT / "overlays" / ENV, validate_serve_config=False)
+    rc = next(o for o in rendered.objects if o["kind"] == "RayService")["spec"]["rayClusterConfig"]
+    nodes: dict[tuple, dict] = {}
+    for group in [rc["headGroupSpec"], *rc.get("workerGroupSpecs", [])]:
+        spec = group["template"]["spec"]
+        selector = tuple(sorted((spec.get("nodeSelector") or {}).items()))
+        want: dict[str, float] = {}
+        for c in spec.get("containers", []):
+            for k, v in ((c.get("resources") or {}).get("requests") or (c.get("resources") or {}).get("limits") or {}).items():
+                want[k] = want.get(k, 0) + _quantity(v)
+        have = nodes.setdefault(selector, {})
+        for k, v in want.items():
+            have[k] = max(have.get(k, 0), v)
+    out = []
+    for i, (selector, room) in enumerate(nodes.items()):
+        allocatable = {k: _format(k, v) for k, v in room.items()} | {"pods": "110"}
+        for j in range(per_selector):
+            name = f"node-{i}-{j}"
+            out.append({"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": name, "labels": {**dict(selector), "kubernetes.io/hostname": name}},
+                        "status": {"allocatable": allocatable, "capacity": allocatable,
+                                   "conditions": [{"type": "Ready", "status": "True"}]}})
+    return tuple(out)
+
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def _quantity(v) -> float:
+    text = str(v)
+    for unit, factor in _UNITS.items():
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * factor
+    return float(text)
+
+
+def _format(key: str, v: float) -> str:
+    return f"{int(v // 2**30)}Gi" if key in ("memory", "ephemeral-storage") else (f"{int(v * 1000)}m" if key == "cpu" else str(int(v)))
+
+
+def committed(file: str) -> WorkflowSpec:
+    return load_workflow_spec(next(d for d in yaml.safe_load_all((ARGO / file).read_text()) if d))
+
+
+class PipelineCluster:
+    def __init__(self, root: Path, runner_factory, revision: str) -> None:
+        self.revision, self._closed = revision, False
+        self.cluster = start_cluster(kubeconfig=root / "kubeconfig", nodes=overlay_nodes())
+        self.runner: PodRunner = runner_factory(kubeconfig=self.cluster.kubeconfig, hosts=self.cluster.hosts)
+        self.work = root / "runs"
+
+    @staticmethod
+    def next_engine(**behaviour) -> None:
+        """How the next engine the fake KubeRay starts behaves: first_token_delay, inter_token_delay,
+        broken={...} (KnownTimingServer's switches). Then back to the default."""
+        _NEXT_ENGINE.clear()
+        _NEXT_ENGINE.update(behaviour)
+
+    # ---- state ----
+
+    def target(self) -> KubernetesTarget:
+        return KubernetesTarget(NS, api_client=self.cluster.client("seed"), poll_s=0.05, restore_timeout_s=30)
+
+    def seed(self, variant: str, promote: bool = True) -> ReleaseRecord:
+        """A release of overlays/dev made by hand (as an earlier run would have), differing from the
+        revision under test by one annotation."""
+        rendered = render(ROOT / "overlays" / ENV, validate_serve_config=False)
+        objects = copy.deepcopy(rendered.objects)
+        next(o for o in objects if o["kind"] == "RayService")["metadata"].setdefault("annotations", {})["test/variant"] = variant
+        record = ReleaseRecord.of(dump_manifest(objects), name=RELEASE, model=rendered.spec.model.id, revision=variant * 40)
+        target, say = self.target(), (lambda _line: None)
+        with target.session():
+            record = target.apply(record, say)
+            target.wait_ready(60, say)
+            return target.promote([f"seeded {variant}"], None, say) if promote else record
+
+    def history(self) -> list[dict]:
+        cm = self.cluster.objects("configmaps", NS).get(f"pdops-history-{RELEASE}")
+        return json.loads(cm["data"]["history.json"]) if cm else []
+
+    def stable_colour(self) -> str | None:
+        svc = self.cluster.objects("services", NS).get(RELEASE)
+        return (svc or {}).get("spec", {}).get("selector", {}).get("pdops.dev/colour")
+
+    def rayservices(self) -> set[str]:
+        return {n for n, o in self.cluster.objects("rayservices", NS).items() if not o["metadata"].get("deletionTimestamp")}
+
+    # ---- runs ----
+
+    def submit(self, file: str, parameters: dict[str, str], **kw) -> Run:
+        params = {"environment": ENV, "revision": self.revision, **parameters}
+        return run_workflow(committed(file), self.runner, work=self.work, parameters=params,
+                            generate_name=file.removesuffix(".yaml") + "-", repos={REPO_URL: ROOT}, **kw)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.cluster.close()
