@@ -245,7 +245,7 @@ def build_release(image: str = STEP_IMAGE):
         exit_rollback = _step("exit-rollback", ["rollback", *target, "--if-candidate-pending", dry, "--reason",
                                                 "the workflow ended {{workflow.status}} with a candidate pending"])
 
-        run = [Artifact(name="run", from_="{{tasks.validate.outputs.artifacts.run}}")]
+        run = [Artifact(name="run", from_="{{tasks.validate.outputs.artifacts.run}}", optional=True)]
         with DAG(name="release"):
             Task(name="check", template=check, when=f"{skip} == false")
             Task(name="rollout", template=rollout, depends="check.Succeeded")
@@ -320,7 +320,7 @@ def build_canary(image: str = STEP_IMAGE):
             # Only a verdict regresses the release; `failed` (validation could not run) alerts instead.
             Task(name="rollback", template=rollback, depends="validate-stable.Failed",
                  when=f"'{verdict}' == 'rollback' && {on} == rollback",
-                 arguments=[Artifact(name="run", from_="{{tasks.validate-stable.outputs.artifacts.run}}")])
+                 arguments=[Artifact(name="run", from_="{{tasks.validate-stable.outputs.artifacts.run}}", optional=True)])
             Task(name="alert", template=alert, depends="validate-stable.Failed",
                  when=f"'{verdict}' != 'rollback' || {on} == alert",
                  arguments=[Parameter(name="summary", value="{{tasks.validate-stable.outputs.parameters.summary}}"),

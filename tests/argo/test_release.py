@@ -71,9 +71,6 @@ def killed(run) -> list[str]:
     return [a.name for n in run.nodes.values() for a in [n, *n.attempts] if a.message.startswith("main: OOMKilled")]
 
 
-@pytest.mark.xfail(strict=True, reason="lead's work missing: the rollback task's argument artifact `run` has no "
-                   "`optional: true` (only the template's input has), so when validate wrote no run folder Argo "
-                   "errors the task: dag.go resolveDependencyReferences reads the argument's flag")
 def test_validate_killed_is_rolled_back_by_the_rollback_step(pipeline):
     """Issue 12: a candidate that fails validation is rolled back by the rollback step, the exit
     handler being the safety net. validate dies before writing its run folder (its optional output
