@@ -94,7 +94,10 @@ def test_steps_killed_after_rollout_are_rolled_back_by_the_exit_handler(pipeline
     assert "Succeeded" in run.phases(on_exit=True).values(), run.describe()
     assert pipeline.rayservices() == {"pd-llm-blue"} and pipeline.stable_colour() == "blue"
     last = pipeline.history()[-1]
-    assert last["verdict"] == "rollback" and any("the workflow ended Failed" in r for r in last["reasons"]), last
+    # The rollback step now starts (its run artifact is optional) and may record the rollback before its
+    # 0.5 s kill; either way the candidate is gone and the exit handler ran to success.
+    assert last["verdict"] == "rollback" and any("the workflow ended Failed" in r or "did not pass validation" in r
+                                                 for r in last["reasons"]), last
 
 
 def test_dry_run_persists_nothing_and_still_reports(pipeline):
