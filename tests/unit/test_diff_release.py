@@ -23,7 +23,7 @@ def overlay(tmp_path):
     path = tmp_path / "overlays" / "local"
     (path / "team.jsonl").write_text(json.dumps({"name": "batch", "prompt": ["a b", "c d"], "max_tokens": 4,
                                                  "temperature": 0, "return_token_ids": True}) + "\n")
-    _edit(path, scenarios=["team.jsonl"], known_divergences=None, load=[{"profile": "balanced", "concurrency": 1, "requests": 2,
+    _edit(path, scenarios=["team.jsonl"], known_divergences=None, diff=True, load=[{"profile": "balanced", "concurrency": 1, "requests": 2,
                                                  "warmup_requests": 0}])
     return path
 
