@@ -120,15 +120,3 @@ def load(file: str | Path, fmt: str = "auto", time_scale: float = 1.0, max_reque
     kept = rows[:max_requests] if max_requests else rows
     return Trace(path.name, tuple(TraceRequest((t - t0) / time_scale, p, o) for t, p, o in kept))
 
-
-def resolve(overlay: Path, relative: str, spec_file: str, field: str, root: Path) -> Path:
-    """The trace file a release.yaml names (relative to its overlay), refused outside `root` (the
-    repository: what the Argo step checked out is all a release may read)."""
-    path = (Path(overlay) / relative).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise InputError(spec_file, field, f"{relative!r} points outside the repository ({root})",
-                         "keep traces in the repository, e.g. overlays/ENV/traces/")
-    if not path.is_file():
-        raise InputError(spec_file, field, f"{relative!r}: no such file (relative to {overlay})",
-                         "commit the trace file, or fix the path")
-    return path

@@ -50,6 +50,20 @@ def repository_root(overlay: Path) -> Path:
     return next((d for d in (overlay, *overlay.parents) if (d / "kustomize").is_dir()), overlay)
 
 
+def repository_file(base: Path, relative: str, spec_file: str | Path, field: str, fix: str) -> Path:
+    """A file a release.yaml names relative to `base` (its overlay): it must exist inside the
+    repository (what the Argo step checked out is all a release may read). `fix` says where such
+    files belong."""
+    root = repository_root(Path(base))
+    path = (Path(base) / relative).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise InputError(spec_file, field, f"{relative!r} points outside the repository ({root})", fix)
+    if not path.is_file():
+        raise InputError(spec_file, field, f"{relative!r}: no such file (looked for {path})",
+                         "commit the file, or fix the path (relative to the overlay)")
+    return path
+
+
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []   # other types: kustomize names the error itself
 
@@ -231,8 +245,8 @@ def _with_traces(spec: ReleaseSpec, overlay: Path, spec_file: str) -> ReleaseSpe
     spec = spec.model_copy(deep=True)
     for i, load in enumerate(spec.validation.load):
         if load.trace:
-            path = traces.resolve(overlay, load.trace, spec_file, f"validation.load[{i}].trace",
-                                  repository_root(overlay))
+            path = repository_file(overlay, load.trace, spec_file, f"validation.load[{i}].trace",
+                                   "keep traces in the repository, e.g. overlays/ENV/traces/")
             traces.load(path, load.trace_format, load.time_scale, load.requests)
             load.trace = str(path)
     return spec

@@ -118,23 +118,17 @@ def spec_files(validation, release_file: str | Path) -> tuple[list[Path], Path |
     """The release's `validation.scenarios` and `validation.known_divergences` as paths, each
     checked now (exists, inside the repository, parses) so a bad file blocks the release before
     anything is applied. Paths are relative to the release.yaml (as traces are); the repository
-    is workflows.manifest.repository_root (the folder holding kustomize/)."""
+    is workflows.manifest.repository_root (the folder holding kustomize/); one helper
+    (workflows.manifest.repository_file) checks them and traces alike."""
     from validation.diff import known
-    from workflows.manifest import repository_root
+    from workflows.manifest import repository_file
 
     release_file = Path(release_file)
     base = release_file.parent
-    repo = repository_root(base)
 
     def resolve(rel: str, field: str) -> Path:
-        path = (base / rel).resolve()
-        if not path.is_relative_to(repo):
-            raise InputError(release_file, field, f"{rel} is outside the repository ({repo})",
-                             "keep scenario and known-divergence files in the repository, next to the overlay")
-        if not path.is_file():
-            raise InputError(release_file, field, f"{rel}: no such file (looked for {path})",
-                             "create it or fix the path (relative to this release.yaml)")
-        return path
+        return repository_file(base, rel, release_file, field,
+                               "keep scenario and known-divergence files in the repository, next to the overlay")
 
     paths = [resolve(rel, f"validation.scenarios[{i}]") for i, rel in enumerate(validation.scenarios)]
     for p in paths:
