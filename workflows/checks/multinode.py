@@ -84,12 +84,12 @@ def pp_efa(r: Rendered) -> Iterator[Finding]:
         it_name, it = pinned.get(name, (0, {}, "", None))[2:]
         if it is not None and it.efa == 0:
             yield Finding("pp-efa", f"{name} replicas span {nodes} {it_name} nodes but {it_name} has no EFA: every "
-                          "decoding step passes activations between pipeline stages over TCP", r.kustomization_file(),
+                          "forward pass sends activations between pipeline stages over TCP", r.kustomization_file(),
                           path + ".template.spec.nodeSelector",
                           "pin an EFA-capable instance type (workflows/data/instance_types.yaml, efa > 0)")
         elif not _limit(group, EFA):
             yield Finding("pp-efa", f"{name} replicas span {nodes} nodes but the pods request no {EFA}: pipeline "
-                          "stages exchange activations every step over the pod network (TCP) instead of EFA",
+                          "stages exchange activations every forward pass over the pod network (TCP) instead of EFA",
                           r.kustomization_file(), path + f".template.spec.containers[0].resources.limits.{EFA}",
                           "add the efa component (kustomize/components/efa) and patch its count for the instance")
         elif str(_env(group).get("NCCL_NET") or "").lower() not in NCCL_OFI_NAMES:
