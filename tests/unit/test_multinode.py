@@ -230,6 +230,30 @@ def test_zone_finding_names_the_stages_of_a_spanning_phase(rendered):
     assert _findings(rendered(ENV), "zone") == []
 
 
+def test_pp_kv_push_a_pipeline_parallel_prefill_needs_the_push_connector(rendered):
+    r = rendered(ENV)
+    for phase in ("prefill", "decode"):
+        _edit_phase(r, phase, lambda c: c["engine_kwargs"]["kv_transfer_config"].update(kv_connector="NixlConnector"))
+    [f] = _findings(r, "pp-kv-push")
+    assert "pull" in f.message and "NixlPushConnector" in f.fix
+    assert _findings(r, "pp-side-channel") == []        # Ray sets the side channel for NixlConnector itself
+    assert _findings(rendered(ENV), "pp-kv-push") == [] and _findings(rendered("prod"), "pp-kv-push") == []
+
+
+def test_pp_side_channel_push_connector_needs_the_pod_ip_advertised(rendered):
+    from ray.llm._internal.serve.engines.vllm.kv_transfer.base import DefaultConnectorBackend
+    from ray.llm._internal.serve.engines.vllm.kv_transfer.factory import KVConnectorBackendFactory
+
+    # the upstream fact the rule rests on: Ray Serve LLM has no backend of its own for the push connector
+    assert KVConnectorBackendFactory.get_backend_class("NixlPushConnector") is DefaultConnectorBackend
+    r = rendered(ENV)
+    env = _container(r, "decode")["env"]
+    env[:] = [e for e in env if e["name"] != "VLLM_NIXL_SIDE_CHANNEL_HOST"]
+    [f] = _findings(r, "pp-side-channel")
+    assert f.message.startswith("decode uses NixlPushConnector") and "status.podIP" in f.fix
+    assert _findings(rendered(ENV), "pp-side-channel") == []
+
+
 # ---- outside the Argo environments, deliberately ---------------------------------------------
 
 def test_example_overlay_is_not_an_argo_environment_and_a_push_to_it_releases_nothing():

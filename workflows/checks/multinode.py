@@ -8,16 +8,19 @@ them [pp_rank][tp_rank] (vllm/v1/executor/ray_executor.py _init_workers_ray). So
 cleanly when TP divides a pod's GPUs (rules tp-divides, gpu-fit) and a replica fills whole pods (pp-gpus);
 the worker group then needs replicas x nodes-per-replica pods (gpu-fit), one zone (zone), a placement
 strategy that can cross nodes (pp-placement), and EFA with NCCL pinned to its libfabric plugin (pp-efa,
-pp-nccl). vLLM's NIXL connector refuses PP on the decode side (pp-decode).
+pp-nccl). vLLM's NIXL connector refuses PP on the decode side (pp-decode) and serves PP producers
+in push mode only (pp-kv-push), which Ray Serve LLM sets no side channel for (pp-side-channel).
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from workflows.checks.findings import Finding
 from workflows.checks.instances import _is_cpu, phase_instances
 from workflows.checks.rules import (EFA, GPU, _env, _group_path, _groups, _kv, _limit, _nodes_per_replica, _phase,
                                     _pp, _serve_file, _serve_path, _tp, rule)
+from workflows.instances import pod_spec
 from workflows.manifest import Rendered
 from workflows.serve_config import PHASES
 
@@ -32,7 +35,7 @@ SPANNING_STRATEGIES = {"PACK"}
 NCCL_OFI_NAMES = {"aws libfabric", "ofi", "libfabric"}
 
 
-def _spanning(r: Rendered) -> Iterator[tuple[str, int, dict, int]]:
+def _spanning(r: Rendered) -> Iterator[tuple[str, int, dict[str, Any], int]]:
     """(phase, group index, group, nodes per replica) for GPU phases whose replica spans pods."""
     if _is_cpu(r):
         return
@@ -101,10 +104,24 @@ def pp_efa(r: Rendered) -> Iterator[Finding]:
                           severity="warning")
 
 
+def _connector(r: Rendered, name: str) -> str:
+    kv = _kv(r, name)
+    return str(kv.get("kv_connector") or "") if isinstance(kv, dict) else ""
+
+
+# vLLM 0.32 NIXL (vllm/distributed/kv_transfer/kv_connector/v1/nixl/): NixlConnector is an alias of
+# NixlPullConnector (connector.py). A PP > 1 worker is written for push mode ("PP>1 (push mode): this
+# worker holds a contiguous layer slice and transfers into the matching sub-range of a PP=1 remote's
+# regions", base_worker.py NixlBaseConnectorWorker.__init__), while a pulling decode reads from the
+# producer's PP rank 0 agents only (pull_worker.py `self._remote_agents[dst_engine_id][(0, remote_rank)]`).
+PULL_CONNECTORS = {"NixlConnector", "NixlPullConnector"}
+PUSH_CONNECTOR = "NixlPushConnector"
+SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
+
+
 @rule
 def pp_decode(r: Rendered) -> Iterator[Finding]:
-    kv = _kv(r, "decode")
-    connector = str((kv or {}).get("kv_connector") or "") if isinstance(kv, dict) else ""
+    connector = _connector(r, "decode")
     if _pp(r, "decode") > 1 and connector.startswith("Nixl"):
         yield Finding("pp-decode", f"decode has pipeline_parallel_size {_pp(r, 'decode')} with {connector}: vLLM's "
                       "NIXL worker raises NotImplementedError for a kv_consumer with PP > 1 "
@@ -113,3 +130,36 @@ def pp_decode(r: Rendered) -> Iterator[Finding]:
                       _serve_path("decode", "engine_kwargs.pipeline_parallel_size"),
                       "keep decode at pipeline_parallel_size 1 on nodes that hold the model (larger GPUs or a "
                       "quantized model); prefill may span nodes")
+
+
+@rule
+def pp_kv_transfer(r: Rendered) -> Iterator[Finding]:
+    connector = _connector(r, "prefill")
+    if _pp(r, "prefill") > 1 and connector in PULL_CONNECTORS:
+        yield Finding("pp-kv-push", f"prefill has pipeline_parallel_size {_pp(r, 'prefill')} with {connector} (pull "
+                      "mode): vLLM writes PP > 1 producers for push mode only, and a pulling decode reads the KV of "
+                      "the first pipeline stage's workers alone (vllm .../nixl/pull_worker.py reads agents "
+                      "(0, remote_rank); base_worker.py \"PP>1 (push mode)\")", _serve_file(r),
+                      _serve_path("prefill", "engine_kwargs.kv_transfer_config.kv_connector"),
+                      f"set kv_transfer.connector: {PUSH_CONNECTOR} in release.yaml")
+    if PUSH_CONNECTOR not in {connector, _connector(r, "decode")}:
+        return
+    # Ray Serve LLM 2.60 registers backends for NixlConnector, LMCacheConnectorV1, MultiConnector and
+    # MoRIIOConnector only (ray/llm/_internal/serve/engines/vllm/kv_transfer/factory.py BUILTIN_BACKENDS);
+    # any other connector gets DefaultConnectorBackend, whose setup() is a no-op, so the NIXL side
+    # channel host is not set to the node's IP (kv_transfer/nixl.py _set_side_channel_host) and vLLM
+    # advertises its default, localhost (vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_HOST; read by the engine's
+    # scheduler, nixl/base_scheduler.py): the other phase's engines then handshake with themselves.
+    for name, (index, group) in _groups(r).items():
+        if name in PHASES and SIDE_CHANNEL_HOST not in _env_names(group):
+            yield Finding("pp-side-channel", f"{name} uses {PUSH_CONNECTOR}, which Ray Serve LLM sets no NIXL side "
+                          f"channel for, and its pods do not set {SIDE_CHANNEL_HOST}: vLLM advertises localhost and "
+                          "cross-node handshakes fail", r.kustomization_file(),
+                          _group_path(r, index) + ".template.spec.containers[0].env",
+                          f"set env {SIDE_CHANNEL_HOST} from the pod IP (valueFrom.fieldRef status.podIP) on the "
+                          f"{name} group, as overlays/prod-multinode does")
+
+
+def _env_names(group: dict[str, Any]) -> set[str]:
+    """Env var names of a group's containers, valueFrom ones included (_env keeps literal values only)."""
+    return {str(e.get("name")) for c in pod_spec(group).get("containers") or [] for e in c.get("env") or []}
