@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from workflows.checks.findings import Finding
 from workflows.checks.rules import lint
@@ -15,6 +16,10 @@ from workflows.manifest import Rendered, load_manifest, render
 from workflows.serve_config import build_serve_config, validate_with_ray
 from workflows.spec import ReleaseSpec, load_spec
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, Target, TargetError
+
+if TYPE_CHECKING:
+    from validation.reports import BenchReport, Decision, DiffReport, GoldenReport, ReportFiles, ReleaseOutcome
+    from validation.config import LoadProfile
 
 
 def build_config(overlay: Path) -> dict[str, Any]:
@@ -107,13 +112,25 @@ def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
     return out
 
 
+@dataclass
+class Validation:
+    """What validating a slot produced: the gate's decision and the reports it judged."""
+
+    decision: Decision
+    report: ReportFiles
+    benches: list[BenchReport]
+    golden: GoldenReport | None = None
+    diff: DiffReport | None = None
+    release: str | None = None      # the slot's release (ReleaseRecord.short), set by validate_slot
+
+
 def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progress: Progress,
                        reference: list[dict] | None, stable: list[dict] | None = None,
                        api_key: str | None = None, current: Callable[[], Endpoint] | None = None,
                        rendered: Rendered | None = None, reference_url: str | None = None,
                        release_file: Path | None = None,
                        reference_server: Callable[[], AbstractContextManager[str | None]] | None = None,
-                       ) -> dict[str, Any]:
+                       ) -> Validation:
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
     `stable`: the baseline benches `vs_stable` compares against (`stable_baseline`).
     `current` re-reads the candidate's endpoint after validation, to see engines that were replaced.
@@ -129,7 +146,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     compat = compat_suite.run(endpoint.base_url, spec.model.id, api_key=api_key, optional=policy.optional,
                               api_key_required=policy.api_key_required, progress=progress, timeout=timeout)
     _dump(run / "compat.json", compat)
-    def bench_of(load, warmup: int, seed: int) -> dict:
+
+    def bench_of(load: LoadProfile, warmup: int, seed: int) -> BenchReport:
         trace = traces.load(load.trace, load.trace_format, load.time_scale, load.requests) if load.trace else None
         bench = run_bench(endpoint.base_url, spec.model.id, profiles.get(load.profile),
                           concurrency=None if load.rate else load.concurrency, rate=load.rate,
@@ -142,15 +160,16 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           tokenizer=endpoint.tokenizer, isolate=True, seed=seed)
         if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from validation.cost import bench_cost
-            bench["cost"] = bench_cost(bench, spec, rendered)
+            bench.cost = bench_cost(bench, spec, rendered)
         return bench
 
-    benches = []
+    benches: list[BenchReport] = []
     for i, load in enumerate(spec.validation.load):
         bench = bench_of(load, load.warmup_requests, 0)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
-    matched = diffed = None
+    matched: GoldenReport | None = None
+    diffed: DiffReport | None = None
     want_diff = spec.validation.diff and release_file is not None
     want_golden = reference is None and spec.validation.golden_prompts > 0
     server: AbstractContextManager[str | None] = nullcontext(reference_url)
@@ -181,9 +200,9 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     look = 1
     # slo.statistics.inconclusive: extend, looks remaining (validation/sequential.py); after the reference
     # engine has stopped, so the extra loads have the machine the first ones had
-    while decision.get("extend"):
+    while decision.extend:
         look += 1
-        for i in decision["extend"]:
+        for i in decision.extend:
             load = spec.validation.load[i]
             progress(f"[validate] load #{i} {load.profile} inconclusive: look {look} of "
                      f"{spec.slo.statistics.max_looks}, the same load again")
@@ -195,10 +214,10 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
         raise RunFolderError(run, exc) from exc
-    return {"decision": decision, "report": files, "golden": matched, "benches": benches, "diff": diffed}
+    return Validation(decision=decision, report=files, golden=matched, benches=benches, diff=diffed)
 
 
-def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[dict] | None:
+def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[dict[str, Any]] | None:
     """The benches `vs_stable` compares a candidate with: those recorded when `record` was promoted
     (kept in the target's history, so the Argo pipeline has them without the earlier run's files),
     else its report folder's (local releases promoted before baselines were recorded)."""
@@ -209,10 +228,11 @@ def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[di
     if not record.report:
         return None
     try:
-        return json.loads((Path(record.report) / "report.json").read_text()).get("benches")
+        benches = json.loads((Path(record.report) / "report.json").read_text()).get("benches")
     except (OSError, ValueError, AttributeError):
         progress(f"[validate] the stable release's report is unreadable ({record.report}); no vs-stable check")
         return None
+    return benches if isinstance(benches, list) else None
 
 
 _FETCH = object()   # validate_slot: ask the target for the golden reference
@@ -220,7 +240,7 @@ _FETCH = object()   # validate_slot: ask the target for the golden reference
 
 def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progress, *,
                   slot: str = "candidate", digest: str | None = None, reference: Any = _FETCH,
-                  api_key: str | None = None, rendered: Rendered | None = None) -> dict[str, Any]:
+                  api_key: str | None = None, rendered: Rendered | None = None) -> Validation:
     """Validate what a slot serves with the overlay's `validation` and `slo`: the stage `pdops release`
     runs after rollout, and what the Argo `validate` step (candidate) and pd-canary (stable) run.
 
@@ -255,7 +275,7 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
                                 lambda: target.endpoint(slot), rendered,  # type: ignore[arg-type]
                                 release_file=release_file,
                                 reference_server=lambda: target.reference_server(record, progress))
-    result["release"] = record.short()
+    result.release = record.short()
     return result
 
 
@@ -288,23 +308,30 @@ def _write(path: Path, text: str) -> None:
 
 
 def _dump(path: Path, data: Any) -> None:
-    _write(path, json.dumps(data, indent=2, default=str))
+    """A report model as its JSON (validation/reports/), anything else as JSON."""
+    from pydantic import BaseModel
+
+    _write(path, data.model_dump_json(indent=2, by_alias=True, fallback=str) if isinstance(data, BaseModel)
+           else json.dumps(data, indent=2, default=str))
 
 
 def release(overlay: Path, target: Target, run: Path, progress: Progress, *, revision: str | None = None,
-            ready_timeout_s: float = 1200, schema_dir: Path | None = None, api_key: str | None = None) -> dict:
+            ready_timeout_s: float = 1200, schema_dir: Path | None = None,
+            api_key: str | None = None) -> ReleaseOutcome:
     """One release end to end. Returns the outcome (also written to RUN/release.json).
 
     Nothing is applied before build-config and every check pass. Once the candidate is applied,
     every way out (verdict rollback, target failure, crash of a step, Ctrl-C) ends in rollback, so
     the stable slot is never left beside a half-done candidate."""
+    from validation.reports.release import ReleaseOutcome, ReleaseVerdict
     from workflows.checks.schema import schema_dir_from_env
 
     started = time.monotonic()
-    outcome: dict[str, Any] = {"overlay": str(overlay), "run": str(run), "target": target.kind}
+    outcome = ReleaseOutcome(overlay=str(overlay), run=str(run), target=target.kind)
 
-    def finish(verdict: str, reasons: list[str], **extra: Any) -> dict:
-        outcome.update(verdict=verdict, reasons=reasons, seconds=round(time.monotonic() - started, 1), **extra)
+    def finish(verdict: ReleaseVerdict, reasons: list[str], action: str | None = None) -> ReleaseOutcome:
+        outcome.verdict, outcome.reasons, outcome.action = verdict, reasons, action
+        outcome.seconds = round(time.monotonic() - started, 1)
         try:
             _dump(run / "release.json", outcome)
         except RunFolderError as exc:  # the verdict stands: it is printed and in the target's history
@@ -328,7 +355,7 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
     spec = rendered.spec
     assert spec is not None
     record = record_of(rendered, revision or revision_of(overlay))
-    outcome.update(release=record.short(), digest=record.digest, revision=record.revision)
+    outcome.release, outcome.digest, outcome.revision = record.short(), record.digest, record.revision
 
     with target.session():
         status = target.status()
@@ -370,12 +397,12 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
             progress(f"[5/5 rollback] release interrupted ({type(exc).__name__}): undoing the candidate")
             target.rollback([f"release interrupted: {type(exc).__name__}: {exc}"], str(run), progress)
             raise
-        decision = result["decision"]
-        outcome.update(report=result["report"], checks_failed=decision["failed"], checks_passed=decision["passed"])
-        if decision["verdict"] == "promote":
+        decision = result.decision
+        outcome.report, outcome.checks_failed, outcome.checks_passed = result.report, decision.failed, decision.passed
+        if decision.verdict == "promote":
             progress("[5/5 promote] every gate passed")
-            target.promote(decision["reasons"], str(run), progress, baseline=baseline_of(str(run)))
-            return finish("promote", decision["reasons"])
-        progress(f"[5/5 rollback] {decision['failed']} gate check(s) failed")
-        undo = target.rollback(decision["reasons"], str(run), progress)
-        return finish("rollback", decision["reasons"], action=undo)
+            target.promote(decision.reasons, str(run), progress, baseline=baseline_of(str(run)))
+            return finish("promote", decision.reasons)
+        progress(f"[5/5 rollback] {decision.failed} gate check(s) failed")
+        undo = target.rollback(decision.reasons, str(run), progress)
+        return finish("rollback", decision.reasons, action=undo)
