@@ -198,8 +198,8 @@ def _benches_of(obj: dict[str, Any] | list[Any], path: str) -> list[BenchReport]
         return [BenchReport.model_validate(b) for b in benches]
     except ValidationError as exc:
         e = exc.errors()[0]
-        raise InputError(path, ".".join(map(str, e["loc"])), f"not a bench report `pdops bench --json` wrote: {e['msg']}",
-                         "pass the files those commands wrote") from None
+        raise InputError(path, "", f"not reports `pdops compat/bench --json` wrote: {'.'.join(map(str, e['loc']))}: "
+                         f"{e['msg']}", "pass the files those commands wrote") from None
 
 
 def cmd_gate(args) -> int:
