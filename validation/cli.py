@@ -360,6 +360,8 @@ def register(sub) -> None:
 
     from validation.diff.command import register as register_diff  # `pdops diff` (validation/diff/)
     register_diff(sub)
+    from validation.reports.schema import register as register_schema  # `pdops schema` (validation/schemas/)
+    register_schema(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
