@@ -7,13 +7,16 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from pydantic import BaseModel
 
 from validation.reports.base import ReportModel
 from workflows.errors import InputError
+
+if TYPE_CHECKING:
+    from validation.reports.bench import BenchReport
 
 
 def _err(msg: str) -> None:

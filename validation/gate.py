@@ -57,9 +57,9 @@ def _q(summary: Quantiles | None, q: str) -> float | None:
     return value
 
 
-def decide(compat: CompatReport | dict[str, Any] | None, benches: Sequence[BenchReport | dict[str, Any]], slo: SLO,
-           stable: Sequence[BenchReport | dict[str, Any]] | None = None,
-           golden: GoldenReport | dict[str, Any] | None = None, replaced: list[str] | None = None,
+def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence[BenchReport | dict[str, Any]],
+           slo: SLO, stable_in: Sequence[BenchReport | dict[str, Any]] | None = None,
+           golden_in: GoldenReport | dict[str, Any] | None = None, replaced: list[str] | None = None,
            diff: Any = None, look: int = 1) -> Decision:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
     (the Kubernetes pipeline) do not run it. `replaced`: the candidate's engines that were replaced
@@ -67,10 +67,10 @@ def decide(compat: CompatReport | dict[str, Any] | None, benches: Sequence[Bench
     even when its restarted engine then passed every check (measured: a killed prefill engine).
     `look`: which run of an extended validation this is (1 = the first; slo.statistics).
     Reports may be given as the JSON dicts their producers wrote; they are read as models."""
-    compat = CompatReport.coerce(compat) if compat is not None else None
-    benches = [BenchReport.coerce(b) for b in benches]
-    stable = [BenchReport.coerce(b) for b in stable] if stable is not None else None
-    golden = GoldenReport.coerce(golden) if golden is not None else None
+    compat = CompatReport.coerce(compat_in) if compat_in is not None else None
+    benches = [BenchReport.coerce(b) for b in benches_in]
+    stable = [BenchReport.coerce(b) for b in stable_in] if stable_in is not None else None
+    golden = GoldenReport.coerce(golden_in) if golden_in is not None else None
     checks: list[Check] = []
     st = slo.statistics
     extend: set[int] = set()

@@ -77,10 +77,10 @@ def markdown(decision: Decision, compat: CompatReport | None, benches: list[Benc
               "Latency checks with per-request samples state their interval, its confidence and the smallest "
               "effect the run could detect (validation/verdicts.py); `point` = judged on the point estimate.", "",
               "| check | run | ok | verdict | message |", "| --- | --- | --- | --- | --- |"]
-    for c in decision.checks:
-        v = c.verdict or ("point" if c.limit is not None and c.check.endswith(("_ms", "_p90")) else "")
-        lines.append(f"| {c.check} | {c.bench or ''} | {'✔' if c.ok else '✘'} | {v} | "
-                     f"{c.message.replace('|', '/')} |")
+    for chk in decision.checks:
+        v = chk.verdict or ("point" if chk.limit is not None and chk.check.endswith(("_ms", "_p90")) else "")
+        lines.append(f"| {chk.check} | {chk.bench or ''} | {'✔' if chk.ok else '✘'} | {v} | "
+                     f"{chk.message.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 

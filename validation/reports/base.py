@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict
-
-R = TypeVar("R", bound="ReportModel")
 
 
 class ReportModel(BaseModel):
@@ -27,7 +25,7 @@ class ReportModel(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     @classmethod
-    def coerce(cls: type[R], value: R | dict[str, Any]) -> R:
+    def coerce(cls, value: Self | dict[str, Any]) -> Self:
         """A model from itself or from the JSON dict a producer wrote (ValidationError on another shape)."""
         return value if isinstance(value, cls) else cls.model_validate(value)
 

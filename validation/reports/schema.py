@@ -16,8 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from validation.reports import (BenchReport, CompatReport, Decision, DiffReport, GoldenReport, ReleaseOutcome,
-                                RunReport)
+from validation.reports import BenchReport, CompatReport, Decision, DiffReport, GoldenReport, ReleaseOutcome, RunReport
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
