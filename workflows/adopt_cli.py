@@ -83,6 +83,8 @@ def print_cost(costs: list[tuple[str, Cost]], out: Any = None) -> None:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from validation.cost import bench_cost
     from workflows.steps import load_release
 
@@ -96,7 +98,12 @@ def cmd_cost(args: argparse.Namespace) -> int:
             raise InputError(path, "", f"cannot read the bench JSON: {exc}", "pass a bench-*.json of a run") from None
         if not isinstance(bench, dict) or "wall_s" not in bench:
             raise InputError(path, "wall_s", "not a benchmark result", "pass a bench-*.json written by pdops bench")
-        costs.append((path, bench_cost(bench, rendered.spec, rendered)))
+        try:
+            costs.append((path, bench_cost(bench, rendered.spec, rendered)))
+        except ValidationError as exc:   # JSON of another shape (validation/reports/bench.py)
+            e = exc.errors()[0]
+            raise InputError(path, ".".join(map(str, e["loc"])), f"not a benchmark result: {e['msg']}",
+                             "pass a bench-*.json written by pdops bench") from None
     if args.json:
         json.dump([{"bench": p, **c.json_data()} for p, c in costs], sys.stdout, indent=2)
         print()
