@@ -17,6 +17,9 @@ from validation.reports.release import ReportFiles, RunReport  # noqa: E402
 from validation.server_metrics import side_by_side  # noqa: E402
 
 
+MISSING_SHOWN = 6   # null figures explained per run in summary.md
+
+
 def _fmt(v: object) -> str:
     return "–" if v is None else (f"{v:.1f}" if isinstance(v, float) and abs(v) >= 10 else
                                   f"{v:.2f}" if isinstance(v, float) else str(v))
@@ -48,8 +51,12 @@ def markdown(decision: Decision, compat: CompatReport | None, benches: list[Benc
                          f"{_g(b.tokens_per_chunk, 'mean')} | {_fmt(ratio)} | "
                          f"{_fmt(b.goodput_rps)} | {ch} |")
         lines += [""] + notes + ([""] if notes else [])
-        why = [f"- {bench_label(b, i)}: `{path}` is null: {reason}" for i, b in enumerate(benches)
-               for path, reason in b.missing.items()]
+        why = []
+        for i, b in enumerate(benches):   # the first few per run; the bench JSON's `missing` has them all
+            items = list(b.missing.items())
+            why += [f"- {bench_label(b, i)}: `{path}` is null: {reason}" for path, reason in items[:MISSING_SHOWN]]
+            if len(items) > MISSING_SHOWN:
+                why.append(f"- {bench_label(b, i)}: {len(items) - MISSING_SHOWN} more in its JSON's `missing`")
         if why:   # README "Reports": a missing figure is null with a reason, shown here instead of a 0
             lines += ["Not measured (– above):", "", *why, ""]
         sbs = [(bench_label(b, i), r) for i, b in enumerate(benches) for r in side_by_side(b)]
