@@ -97,6 +97,13 @@ def test_a_run_with_no_successful_request_is_null_not_zero(tmp_path):
     assert code == 1 and data["requests_ok"] == 0 and data["errors"] == 2
     assert data["ttft_ms"]["p90"] is None and "no successful request" in data["missing"]["ttft_ms"]
     assert data["slo_attainment"] == 0.0 and data["goodput_rps"] == 0.0   # measured: 0 of 2 met the SLOs
+    from tests.conftest import ROOT
+
+    assert main(["gate", "--bench", str(tmp_path / "b.json"), "--release", str(ROOT / "overlays" / "local" / "release.yaml"),
+                 "--out", str(tmp_path / "r"), "--json", str(tmp_path / "d.json")]) == 1
+    ttft = next(c for c in validate("decision", tmp_path / "d.json")["checks"] if c["check"] == "ttft_p90_ms")
+    assert not ttft["ok"] and ttft["value"] is None and "no successful request" in ttft["message"]
+    assert "`ttft_ms` is null: no successful request" in (tmp_path / "r" / "summary.md").read_text()
 
 
 def test_gate_decision_and_run_report_validate(bench_file, tmp_path):
