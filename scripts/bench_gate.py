@@ -65,16 +65,16 @@ def bare(b: dict) -> dict:
 def release(rng, n: int, a, slo_old: SLO, slo_new: SLO, slo_ext: SLO, ttft_x: float, itl_x: float) -> tuple:
     """(old rolls back, new rolls back, new+extend rolls back, requests per side used by extend)."""
     st, cand = draw(rng, n, a), draw(rng, n, a, ttft_x, itl_x)
-    old = gate.decide(COMPAT, [bare(cand)], slo_old, [bare(st)])["verdict"] == "rollback"
-    new = gate.decide(COMPAT, [cand], slo_new, [st])["verdict"] == "rollback"
+    old = gate.decide(COMPAT, [bare(cand)], slo_old, [bare(st)]).verdict == "rollback"
+    new = gate.decide(COMPAT, [cand], slo_new, [st]).verdict == "rollback"
     used, look = n, 1
     while True:
         d = gate.decide(COMPAT, [cand], slo_ext, [st], look=look)
-        if not d["extend"]:
+        if not d.extend:
             break
         look += 1
         st, cand, used = merge(st, draw(rng, n, a)), merge(cand, draw(rng, n, a, ttft_x, itl_x)), used + n
-    return old, new, d["verdict"] == "rollback", used
+    return old, new, d.verdict == "rollback", used
 
 
 def drifting_release(rng, n: int, a, slo: SLO, cand_x: float, mode: str) -> bool:
@@ -100,7 +100,7 @@ def drifting_release(rng, n: int, a, slo: SLO, cand_x: float, mode: str) -> bool
     else:
         cand, stable = interleave.measure(lambda side, k, _d, _w, _b: run(side, k), n, None, 0,
                                           4 if mode == "abba" else 1)
-    return gate.decide(COMPAT, [cand], slo, [stable])["verdict"] == "rollback"
+    return gate.decide(COMPAT, [cand], slo, [stable]).verdict == "rollback"
 
 
 def drift_table(a, slo: SLO, rng) -> None:
@@ -138,10 +138,10 @@ def through_fake(k: int, a) -> None:
                 runs.append(run_bench(srv.base_url, srv.model, profiles.get("balanced"), concurrency=8,
                                       requests=a.fake_requests, seed=seed))
         d = gate.decide(COMPAT, [runs[1]], slo, [runs[0]])
-        vs = [c for c in d["checks"] if c["check"].startswith("vs_stable")]
-        print(f"fake release {i + 1}: candidate TTFT x{x:.2f}, {a.fake_requests} requests each -> {d['verdict']}")
+        vs = [c for c in d.checks if c.check.startswith("vs_stable")]
+        print(f"fake release {i + 1}: candidate TTFT x{x:.2f}, {a.fake_requests} requests each -> {d.verdict}")
         for c in vs:
-            print(f"    {c['check']}: {c.get('verdict')}: {c['message'][:160]}")
+            print(f"    {c.check}: {c.verdict}: {c.message[:160]}")
 
 
 def main() -> int:

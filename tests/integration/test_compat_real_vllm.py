@@ -21,7 +21,7 @@ def test_compat_suite_passes_on_real_vllm(vllm_server):
 
     result = compat.run(vllm_server + "/v1", "pdops-tiny", api_key=None, optional=[],
                         api_key_required=False, only=None, progress=lambda _: None)
-    cases = {c["name"]: c["status"] for c in result["cases"]}
+    cases = {c.name: c.status for c in result.cases}
     failed = {n: s for n, s in cases.items() if s == "fail"}
     assert failed == {}, result
     assert cases["auth_401"] == "skip" and cases["determinism"] == "pass"
@@ -33,11 +33,11 @@ def test_bench_measures_real_vllm_and_joins_server_histograms(vllm_server):
 
     result = run_bench(vllm_server + "/v1", "pdops-tiny", profiles.custom(32, 16), concurrency=2, requests=6,
                        metrics_url=vllm_server + "/metrics")
-    assert result["requests_ok"] == 6 and result["errors"] == 0
-    assert result["lengths"]["output_mismatches"] == 0  # ignore_eos: exactly the asked-for tokens, by usage
-    server = result["server"]["histograms"]["time_to_first_token_seconds"]
-    assert server["metric"] == "vllm:time_to_first_token_seconds" and server["count"] == 6
+    assert result.requests_ok == 6 and result.errors == 0
+    assert result.lengths.output_mismatches == 0  # ignore_eos: exactly the asked-for tokens, by usage
+    server = result.server.histograms["time_to_first_token_seconds"]
+    assert server.metric == "vllm:time_to_first_token_seconds" and server.count == 6
     # TPOT is 0 for a request whose tokens all came in its first chunk (vLLM coalesces when the
     # client lags; seen in a CI run), so it is bounded, not required to be positive.
-    assert 0 < result["ttft_ms"]["p50"] <= result["e2e_ms"]["p50"]
-    assert 0 <= result["tpot_ms"]["p50"] <= result["e2e_ms"]["p50"]
+    assert 0 < result.ttft_ms.p50 <= result.e2e_ms.p50
+    assert 0 <= result.tpot_ms.p50 <= result.e2e_ms.p50
