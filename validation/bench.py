@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from validation import loadgen, metrics, profiles, server_metrics, traces
 

@@ -12,8 +12,9 @@ import json
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import openai
@@ -95,7 +96,7 @@ def _check_openai_error(status: int, body: bytes, want: int | tuple[int, ...]) -
     try:
         d = json.loads(body)
     except ValueError:
-        raise Fail(f"error body is not JSON: {body[:200]!r}")
+        raise Fail(f"error body is not JSON: {body[:200]!r}") from None
     check(isinstance(d, dict) and isinstance(d.get("error"), dict), f"not OpenAI-shaped error: {d}")
     check(isinstance(d["error"].get("message"), str) and d["error"]["message"], "error.message missing")
     return d
@@ -376,7 +377,7 @@ async def concurrent_streams(ctx: Ctx) -> None:
     ctx.note(f"{n} parallel streams", [r[1][:40] for r in res])
     ids = [r[2] for r in res]
     check(len(set(ids)) == n, "streams share ids")
-    for (i, text, _, idset), ref in zip(res, refs):
+    for (i, text, _, idset), ref in zip(res, refs, strict=True):
         check(len(idset) == 1, f"stream {i} mixes chunk ids {idset}")
         check(text == ref.choices[0].message.content, f"stream {i} text differs from its reference (cross-talk?)")
 

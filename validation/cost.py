@@ -47,7 +47,7 @@ def price_of(instance: str, spec: ReleaseSpec) -> tuple[float | None, str]:
 
 
 def phase_nodes(rendered: Rendered) -> dict[str, tuple[str, float]]:
-    """phase -> (instance type, nodes it holds) from the rendered worker groups."""
+    """Each phase -> (instance type, nodes it holds), from the rendered worker groups."""
     from workflows.checks.instances import phase_instances, takes_node
     from workflows.checks.rules import GPU, _limit
 

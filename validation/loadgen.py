@@ -22,8 +22,9 @@ import socket
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 try:
@@ -363,7 +364,7 @@ async def _one(pool: _Pool, head: bytes, payload: bytes, raw: RawRecord, timeout
         return
     try:
         await asyncio.wait_for(conn.send(head % len(payload) + payload, raw), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         conn._finish(f"timeout after {timeout} s")
     pool.release(conn)
 

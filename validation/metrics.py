@@ -6,8 +6,9 @@ Goodput (DistServe) = requests/s meeting the TTFT and TPOT SLOs together.
 """
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 PCTS = (50, 90, 95, 99)
 # Above this many tokens per chunk on average the server batches its stream (Ray Serve does):
@@ -43,7 +44,7 @@ def output_tokens(rec: dict) -> int | None:
 
 
 def per_request(rec: dict, from_scheduled: bool = False) -> dict:
-    """ms timings of one successful record; origin is actual send (or scheduled send)."""
+    """Timings (ms) of one successful record; origin is actual send (or scheduled send)."""
     origin = rec["scheduled"] if (from_scheduled and rec.get("scheduled") is not None) else rec["sent"]
     ttft = (rec["first_content"] - origin) * 1000 if rec.get("first_content") is not None else None
     end = rec.get("last_chunk") or rec.get("done")
@@ -53,7 +54,7 @@ def per_request(rec: dict, from_scheduled: bool = False) -> dict:
     if ttft is not None and e2e is not None and ntok and ntok > 1:
         tpot = (e2e - ttft) / (ntok - 1)
     ct = rec.get("chunk_times") or []
-    itl = [(b - a) * 1000 for a, b in zip(ct, ct[1:])]
+    itl = [(b - a) * 1000 for a, b in itertools.pairwise(ct)]
     return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": itl, "tokens": ntok, "chunks": len(ct)}
 
 

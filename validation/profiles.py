@@ -102,7 +102,7 @@ class Tokenizer:
 
 def request_factory(profile: Profile, seed: int = 0, endpoint: str = "chat", tokenizer: Tokenizer | None = None,
                     lengths: Callable[[int], tuple[int, int]] | None = None):
-    """index -> request body fragment (deterministic per index). Forces exactly output_tokens via
+    """Request index -> request body fragment (deterministic per index). Forces exactly output_tokens via
     max_tokens + ignore_eos (vLLM extension; ignored by others) so TPOT compares like with like.
     `lengths`: index -> (prompt, output) tokens, e.g. a replayed trace's, instead of the profile's."""
     def make(i: int) -> dict:

@@ -7,10 +7,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from validation.gate import bench_label, itl_source  # noqa: E402
-from validation.server_metrics import side_by_side  # noqa: E402
+from validation.gate import bench_label, itl_source
+from validation.server_metrics import side_by_side
 
 
 def _fmt(v) -> str:
@@ -28,7 +28,7 @@ def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         notes = []
         for i, b in enumerate(benches):
-            g = lambda m, q: _fmt((b.get(m) or {}).get(q))  # noqa: E731
+            g = lambda m, q, b=b: _fmt((b.get(m) or {}).get(q))  # noqa: E731
             ch = "BOTTLENECK" if (b.get("client_health") or {}).get("client_bottleneck") else "ok"
             chunk = " (chunk)" if b.get("itl_level") == "chunk" else ""
             if chunk:
@@ -53,7 +53,7 @@ def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
                     f"{_fmt(r[f'client_{q}'])} | {_fmt(r[f'server_{q}'])}" for q in ("p50", "p90", "p99"))
                     + f" | {r['metric']} |")
             lines.append("")
-    from validation.cost import markdown_lines   # $ per run, when the runs were priced
+    from validation.cost import markdown_lines  # $ per run, when the runs were priced
     lines += markdown_lines([(bench_label(b, i), b) for i, b in enumerate(benches)])
     if compat:
         lines += ["## Compatibility", "", "| case | status | required | detail |", "| --- | --- | --- | --- |"]

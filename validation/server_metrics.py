@@ -152,9 +152,9 @@ def kv_evidence(before: list[Sample], after: list[Sample]) -> dict:
         return "nixl" in n and "fail" in n and not n.endswith(("_created", "_bucket", "_sum"))
 
     kv = _counter_total(after, ext_kv) - _counter_total(before, ext_kv)
-    seen_kv = any(ext_kv(n, dict(l)) for n, l, _ in after)
+    seen_kv = any(ext_kv(n, dict(labels)) for n, labels, _ in after)
     nf = _counter_total(after, nixl_fail) - _counter_total(before, nixl_fail)
-    nixl_names = sorted({n for n, l, _ in after if nixl_fail(n, dict(l))})
+    nixl_names = sorted({n for n, labels, _ in after if nixl_fail(n, dict(labels))})
     return {"external_kv_prompt_tokens": kv, "kv_metric_present": seen_kv,
             "nixl_failed_transfers": nf, "nixl_fail_metrics": nixl_names,
             "kv_transfer_observed": kv > 0}

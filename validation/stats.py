@@ -21,10 +21,10 @@ Choices, and why:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
-from typing import Sequence
 
 import numpy as np
 
@@ -32,7 +32,7 @@ _N = NormalDist()
 
 
 def z_of(confidence: float) -> float:
-    """One-sided normal quantile: z_of(0.95) = 1.645."""
+    """One-sided normal quantile: 1.645 for a confidence of 0.95."""
     return _N.inv_cdf(confidence)
 
 

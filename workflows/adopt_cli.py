@@ -34,7 +34,7 @@ def print_size(table: dict[str, Any], out=None) -> None:
                      for p in table["phases"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
     if not table["phases"]:
         print("no sizing: the model's architecture or the phases' instance types are unknown", file=out)
     gpu = any(p["memory_utilization"] for p in table["phases"])

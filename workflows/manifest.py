@@ -132,7 +132,7 @@ class _KustomizeOutput(cache.Entry):
 
 
 def _kustomize_key(overlay: Path, inputs: list[Path]) -> str | None:
-    """kubectl's identity, the overlay's place in the repository and every file kustomize reads."""
+    """The identity of kubectl, the overlay's place in the repository and every file kustomize reads."""
     root, binary = repository_root(overlay), kubectl()
     stat = binary.stat()
     try:
@@ -270,7 +270,7 @@ def render(overlay: Path, validate_serve_config: bool = True) -> Rendered:
     annotations[RELEASE_ANNOTATION] = spec.name
     if spec.model.max_position_embeddings:
         annotations[MAX_POSITIONS_ANNOTATION] = str(spec.model.max_position_embeddings)
-    from workflows import sizing   # the model's shape, so `check -f` can size the release too
+    from workflows import sizing  # the model's shape, so `check -f` can size the release too
     if (arch := sizing.annotation(spec)):
         annotations[sizing.ARCH_ANNOTATION] = arch
     rayservice.setdefault("spec", {})["serveConfigV2"] = dump_yaml(serve_config)

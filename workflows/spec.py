@@ -89,7 +89,7 @@ class Autoscaling(_Strict):
     target_ongoing_requests: PositiveInt = Field(16, le=100000)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Autoscaling":
+    def _ordered(self) -> Autoscaling:
         if self.min_replicas > self.max_replicas:
             raise ValueError("min_replicas must be <= max_replicas")
         return self
@@ -128,7 +128,7 @@ class Phase(_Strict):
         return env
 
     @model_validator(mode="after")
-    def _one_scaling(self) -> "Phase":
+    def _one_scaling(self) -> Phase:
         if self.replicas is not None and self.autoscaling is not None:
             raise ValueError("set either replicas or autoscaling, not both")
         if self.replicas is None and self.autoscaling is None:

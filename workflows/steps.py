@@ -120,8 +120,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     `reference_url`: a single-engine reference serving during validation (pdops diff runs against it);
     `reference_server`: starts one for the golden tokens and the diff, after the loads (so it takes
     no CPU from them) and stops it after; golden answers come from it when `reference` is None."""
-    from validation import compat as compat_suite
-    from validation import gate, golden, profiles, report, sequential, traces
+    from validation import compat as compat_suite, gate, golden, profiles, report, sequential, traces
     from validation.bench import run_bench
 
     progress(f"[validate] compatibility suite against {endpoint.base_url}")
@@ -269,7 +268,7 @@ def baseline_of(report: str | None) -> list[dict] | None:
         return None
     if not isinstance(benches, list):
         return None
-    from validation.verdicts import baseline   # what vs_stable's rank tests read, small enough for history
+    from validation.verdicts import baseline  # what vs_stable's rank tests read, small enough for history
     return [baseline(b) if isinstance(b, dict) else b for b in benches]
 
 

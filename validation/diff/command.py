@@ -13,10 +13,8 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
-from validation.diff import known as known_mod
-from validation.diff import matrix, runner, scenarios
+from validation.diff import known as known_mod, matrix, runner, scenarios
 from validation.diff.models import Case, Report
 
 

@@ -23,7 +23,7 @@ def status_class(a: Answer) -> str:
 
 
 def _first_diff(a: list, b: list) -> int | None:
-    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
     return k if k is not None or len(a) == len(b) else min(len(a), len(b))
 
 
@@ -36,7 +36,7 @@ def approx(a: Any, b: Any, tol: float = LOGPROB_TOL) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(approx(a[k], b[k], tol) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(approx(x, y, tol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(approx(x, y, tol) for x, y in zip(a, b, strict=True))
     return a == b
 
 
@@ -112,7 +112,7 @@ def answers(c: Answer, r: Answer, where: str = "", keys: bool = True) -> list[st
     out = _fields(set(c.keys), set(r.keys), where + "response ") if keys else []
     if len(c.choices) != len(r.choices):
         out.append(f"{where}{len(c.choices)} choices vs reference {len(r.choices)}")
-    for cc, rc in zip(c.choices, r.choices):
+    for cc, rc in zip(c.choices, r.choices, strict=False):  # a count mismatch is reported above
         out += _choice(cc, rc, f"{where}choice {rc.index}: ", keys)
     out += _usage(c.usage, r.usage, where)
     if not approx(c.prompt_token_ids, r.prompt_token_ids) and r.prompt_token_ids is not None:

@@ -49,7 +49,7 @@ def takes_node(group: dict[str, Any], it: InstanceType) -> bool:
 
 
 def phase_instances(r: Rendered) -> dict[str, tuple[int, dict[str, Any], str, InstanceType | None]]:
-    """phase -> (group index, group, instance type name, its facts or None) for a pinned single type."""
+    """Each phase -> (group index, group, instance type name, its facts or None) for a pinned single type."""
     out = {}
     for name in PHASES:
         if name in _groups(r):
@@ -146,7 +146,7 @@ def pd_same_node(r: Rendered) -> Iterator[Finding]:
     groups = _groups(r)
     if _is_cpu(r) or not all(n in groups for n in PHASES):
         return
-    (pi, pg), (di, dg) = groups["prefill"], groups["decode"]
+    (_, pg), (di, dg) = groups["prefill"], groups["decode"]
     if not (_limit(pg, EFA) or _limit(dg, EFA)):
         return
     pods = [pod_spec(pg), pod_spec(dg)]

@@ -285,7 +285,7 @@ def _all_containers(r: Rendered) -> Iterator[tuple[str, dict[str, Any]]]:
     head = ((cluster.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
     for i, c in enumerate(_containers(head)):
         yield f"{_rs_name(r)} spec.rayClusterConfig.headGroupSpec.template.spec.containers[{i}]", c
-    for name, (index, group) in _groups(r).items():
+    for index, group in _groups(r).values():
         for i, c in enumerate(_containers((group.get("template") or {}).get("spec") or {})):
             yield _group_path(r, index) + f".template.spec.containers[{i}]", c
 
@@ -293,7 +293,7 @@ def _all_containers(r: Rendered) -> Iterator[tuple[str, dict[str, Any]]]:
 @rule
 def ray_version(r: Rendered) -> Iterator[Finding]:
     declared = str(_cluster(r).get("rayVersion") or "")
-    for path, c in _all_containers(r):
+    for _, c in _all_containers(r):
         tag = str(c.get("image") or "").split("@")[0].rpartition("/")[2].partition(":")[2]
         match = _VERSION.search(tag)
         if match and declared and match.group(1) != declared:

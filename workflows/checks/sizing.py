@@ -8,8 +8,17 @@ from typing import Any
 
 from workflows.checks.findings import Finding
 from workflows.checks.instances import GIB, _is_cpu, phase_instances, quantity
-from workflows.checks.rules import (_engine, _env, _groups, _max_serve_replicas, _phase, _serve_file,
-                                    _serve_path, _tp, rule)
+from workflows.checks.rules import (
+    _engine,
+    _env,
+    _groups,
+    _max_serve_replicas,
+    _phase,
+    _serve_file,
+    _serve_path,
+    _tp,
+    rule,
+)
 from workflows.manifest import Rendered
 from workflows.serve_config import PHASES
 from workflows.sizing import DEFAULT_GPU_MEMORY_UTILIZATION, PhaseSize, architecture_of, load_demand, phase_size

@@ -30,8 +30,17 @@ from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.errors import InputError
 from workflows.manifest import find, serve_config_of
 from workflows.serve_config import IMPORT_PATH, app_args
-from workflows.targets.base import (Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus,
-                                    appended, last_good, other_colour)
+from workflows.targets.base import (
+    Endpoint,
+    Progress,
+    ReleaseRecord,
+    SlotStatus,
+    TargetError,
+    TargetStatus,
+    appended,
+    last_good,
+    other_colour,
+)
 from workflows.targets.local_stack import HOST, LocalRay, Ports, ReferenceEngine
 from workflows.tiny_model import SCHEME, model_dir, resolve_source
 

@@ -1,5 +1,5 @@
 """The release lock: a coordination.k8s.io Lease, taken and renewed the way client-go's leader election does
-(kubernetes/client-go tools/leaderelection/leaderelection.go):
+(kubernetes/client-go tools/leaderelection/leaderelection.go).
 
 - every write is an Update (PUT) of the Lease as last read, so it carries that resourceVersion:
   if anyone wrote in between, the API server answers 409 and the write is lost, never a silent
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from workflows.names import LOCK_NAME, PART_OF
@@ -31,7 +31,7 @@ RENEW_DEADLINE = 2 / 3  # ... and give the lock up when renewals failed for two 
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class ReleaseLock:

@@ -12,9 +12,7 @@ from typing import Any
 
 from workflows.names import COLOUR_LABEL
 from workflows.targets.base import Progress, ReleaseRecord, TargetError, appended, last_good, other_colour
-from workflows.targets.kube import objects as obj
-from workflows.targets.kube import traffic
-
+from workflows.targets.kube import objects as obj, traffic
 
 DRAIN_TIMEOUT_S = 300.0  # endpoints follow a selector change in seconds; longer means the new colour is not serving
 

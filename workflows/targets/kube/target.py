@@ -23,8 +23,7 @@ from kubernetes import client, config
 
 from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
-from workflows.targets.kube import objects as obj
-from workflows.targets.kube import traffic
+from workflows.targets.kube import objects as obj, traffic
 from workflows.targets.kube.api import Kube
 from workflows.targets.kube.capacity import place, rayservice_pods
 from workflows.targets.kube.history import HistoryStore, State

@@ -23,7 +23,6 @@ from workflows.targets.kube import objects as obj
 from workflows.targets.kube.api import Kube
 
 
-
 def _metrics_port(rayservice: dict[str, Any], group: str) -> int:
     cluster = rayservice["spec"]["rayClusterConfig"]
     spec = next((g for g in cluster.get("workerGroupSpecs") or [] if g.get("groupName") == group), cluster["headGroupSpec"])
