@@ -18,7 +18,7 @@ from validation import verdicts
 from validation.config import SLO
 
 
-def _get(d: dict, *path: str) -> Any:
+def _get(d: Any, *path: str) -> Any:
     for p in path:
         if not isinstance(d, dict):
             return None
@@ -71,7 +71,8 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
             fin = lambda v: v if isinstance(v, float) and math.isfinite(v) else None  # noqa: E731  (JSON: no Infinity)
             c.update(verdict=judged.verdict, interval=[fin(v) for v in judged.interval], confidence=judged.confidence,
                      detectable={k: fin(float(v)) for k, v in judged.detectable.items()})
-            if judged.verdict == "inconclusive" and st.inconclusive == "extend" and look < st.max_looks:
+            if judged.verdict == "inconclusive" and st.inconclusive == "extend" and look < st.max_looks \
+                    and idx is not None:
                 extend.add(idx)
         checks.append(c)
 

@@ -55,7 +55,7 @@ def collect(base_url: str, model: str, texts: list[str], max_tokens: int, api_ke
 
 def compare(reference: list[dict], candidate: list[dict]) -> dict[str, Any]:
     """Per prompt: equal token ids, or where they first differ. `ok` only when every prompt matches."""
-    cases = []
+    cases: list[dict[str, Any]] = []
     for i, (ref, cand) in enumerate(zip(reference, candidate, strict=False)):
         r, c = ref.get("token_ids"), cand.get("token_ids")
         if cand.get("error"):

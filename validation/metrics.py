@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable
+from typing import Any
 
 PCTS = (50, 90, 95, 99)
 # Above this many tokens per chunk on average the server batches its stream (Ray Serve does):
@@ -136,7 +137,8 @@ def samples(records: list[dict]) -> dict:
     if n_all > MAX_SAMPLE_REQUESTS or gaps_all > MAX_ITL_SAMPLES:
         rng = random.Random(0)
         order = rng.sample(range(n_all), n_all)
-        keep, gaps = [], 0
+        keep: list[int] = []
+        gaps = 0
         for i in order:
             if len(keep) >= MAX_SAMPLE_REQUESTS or gaps + len(pr[i]["itl"]) > MAX_ITL_SAMPLES:
                 break
@@ -144,7 +146,7 @@ def samples(records: list[dict]) -> dict:
             gaps += len(pr[i]["itl"])
         pr = [pr[i] for i in sorted(keep)]
     r3 = lambda v: round(v, 3)  # noqa: E731
-    out = {"ttft": [r3(p["ttft"]) for p in pr if p["ttft"] is not None],
+    out: dict[str, Any] = {"ttft": [r3(p["ttft"]) for p in pr if p["ttft"] is not None],
            "tpot": [r3(p["tpot"]) for p in pr if p["tpot"] is not None],
            "itl": [r3(g) for p in pr for g in p["itl"]],
            "itl_counts": [len(p["itl"]) for p in pr]}

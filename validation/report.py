@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import matplotlib
@@ -112,7 +113,8 @@ def plots(benches: list[dict], out: Path) -> list[Path]:
         order = sorted(range(len(bs)), key=lambda i: xs[i])
         fig, ax = plt.subplots(figsize=(6, 4))
         for metric, q in (("ttft_ms", "p90"), ("ttft_ms", "p99"), ("tpot_ms", "p90"), ("itl_ms", "p90")):
-            ax.plot([xs[i] for i in order], [(bs[i].get(metric) or {}).get(q) for i in order], marker="o",
+            ys = [(bs[i].get(metric) or {}).get(q) for i in order]
+            ax.plot([xs[i] for i in order], [math.nan if y is None else y for y in ys], marker="o",  # nan: a gap
                     label=f"{metric[:-3].upper()} {q}")
         files.append(_save(fig, ax, "load (concurrency or req/s)", "ms", f"latency vs load: {prof}",
                       out / f"latency_vs_load_{prof}.png"))

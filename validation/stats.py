@@ -29,6 +29,7 @@ from statistics import NormalDist
 import numpy as np
 
 _N = NormalDist()
+Floats = Sequence[float] | np.ndarray   # a list of samples, or numpy's array of them
 
 
 def z_of(confidence: float) -> float:
@@ -36,7 +37,7 @@ def z_of(confidence: float) -> float:
     return _N.inv_cdf(confidence)
 
 
-def percentile(sorted_vals: Sequence[float], q: float) -> float:
+def percentile(sorted_vals: Floats, q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default; validation.metrics uses it)."""
     k = (len(sorted_vals) - 1) * q
     f = math.floor(k)
@@ -127,7 +128,7 @@ class MannWhitney:
     sd: float             # tie-corrected standard deviation of U under H0
 
 
-def mann_whitney(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
+def mann_whitney(x: Floats, y: Floats) -> MannWhitney:
     """Normal approximation with tie and continuity corrections (scipy's asymptotic method)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     n1, n2 = len(x), len(y)

@@ -22,7 +22,7 @@ class Judged:
     verdict: str                      # pass | fail | inconclusive
     ok: bool                          # what the gate does with it (policy applied)
     message: str
-    interval: tuple[float, float] | None
+    interval: tuple[float, float]
     confidence: float
     detectable: dict
 
@@ -37,7 +37,8 @@ def _nums(v) -> list[float] | None:
 
 def quantile_samples(b: dict, metric: str, itl_src: str) -> tuple[list[float], list[int] | None] | str:
     """The samples a quantile threshold is judged on, or why there are none."""
-    s = b.get("samples") if isinstance(b.get("samples"), dict) else {}
+    samples = b.get("samples")
+    s: dict = samples if isinstance(samples, dict) else {}
     if metric == "itl_ms" and b.get("itl_level") == "chunk":
         if itl_src.startswith("server"):
             return "the server's ITL histogram holds no per-request samples"
@@ -58,7 +59,8 @@ def request_samples(b: dict, metric: str, chunk: bool = False) -> list[float] | 
     """One value per request for a rank test: TTFT, TPOT, or each request's mean ITL gap (the gaps
     of one request are not independent draws). Chunk-level ITL uses TPOT (per token); `chunk`: the
     other side of the comparison is chunk-level, so both sides use TPOT."""
-    s = b.get("samples") if isinstance(b.get("samples"), dict) else {}
+    samples = b.get("samples")
+    s: dict = samples if isinstance(samples, dict) else {}
     if metric == "itl_ms" and b.get("itl_level") != "chunk" and not chunk:
         if _nums(s.get("itl_means")):     # a baseline (see `baseline`)
             return s["itl_means"]

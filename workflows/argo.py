@@ -162,7 +162,7 @@ def _metrics(metric_prefix: str):
 
     env = Label(key="environment", value=P % "environment")
     verdict = "{{workflow.outputs.parameters.verdict}}"
-    out = []
+    out: list[Gauge | Counter] = []
     for metric, series in GAUGES.items():
         for value, phase, quantile in series:
             out.append(Gauge(name=metric.replace("pd_release", metric_prefix), help=GAUGE_HELP[metric],

@@ -100,7 +100,8 @@ def check_references(overlay: Path) -> list[Path]:
     would read /etc/hostname into a ConfigMap or fetch a remote base from the network; this is the fence.
     """
     root = repository_root(overlay)
-    todo, seen, inputs = [Path(overlay)], set(), set()
+    todo, seen = [Path(overlay)], set()
+    inputs: set[Path] = set()
     while todo:
         folder = todo.pop()
         kfile = next((folder / n for n in KUSTOMIZATION_FILES if (folder / n).is_file()), None)

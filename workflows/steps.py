@@ -167,7 +167,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             matched = golden.compare(reference, answers)
             _dump(run / "golden.json", matched)
         # pdops diff (validation/diff/release.py): P/D vs the single-engine reference, request by request
-        if want_diff and ref_url:
+        if want_diff and ref_url and release_file is not None:
             from validation.diff.release import for_release
 
             progress(f"[validate] differential suite: candidate vs single-engine reference {ref_url}")

@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from validation.diff import known as known_mod, matrix, runner, scenarios
 from validation.diff.models import Case, Report
@@ -48,7 +48,7 @@ def collect_cases(scenario_files: list[str], builtin: bool = True) -> list[Case]
     return out
 
 
-def diff(base_url: str, reference_url: str, model: str, *, scenario_files: list[str] = (),
+def diff(base_url: str, reference_url: str, model: str, *, scenario_files: Sequence[str] = (),
          known_file: str | None = None, api_key: str | None = None, timeout: float = 120.0,
          progress: Callable[[str], None] = _err, builtin: bool = True) -> Report:
     """What `pdops diff` and the release call: bad input raises InputError before any request."""

@@ -58,7 +58,7 @@ def _choice(c: Choice, r: Choice, where: str, keys: bool) -> list[str]:
     if (c.logprobs is None) != (r.logprobs is None):
         out.append(f"{where}logprobs {'missing' if c.logprobs is None else 'present'} "
                    f"({'present' if r.logprobs is not None else 'missing'} on the reference)")
-    elif c.logprobs is not None and not approx(c.logprobs, r.logprobs):
+    elif c.logprobs is not None and r.logprobs is not None and not approx(c.logprobs, r.logprobs):
         out.append(f"{where}logprobs differ beyond {LOGPROB_TOL}: {c.logprobs[:2]} vs reference {r.logprobs[:2]}")
     elif c.top_logprobs != r.top_logprobs:
         out.append(f"{where}top_logprobs tokens differ")

@@ -99,10 +99,9 @@ def check(expect: Expect, answer: Answer) -> list[str]:
         if err is not None:
             out.append(f"response body does not match body_schema at {err.json_path}: {err.message[:200]}")
     if expect.output_schema is not None:
-        for c in answer.choices or [None]:
-            if c is None:
-                out.append("no choice to check output_schema against")
-                break
+        if not answer.choices:
+            out.append("no choice to check output_schema against")
+        for c in answer.choices or []:
             try:
                 value = json.loads(c.text)
             except ValueError:

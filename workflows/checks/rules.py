@@ -156,8 +156,8 @@ def kv_connector(r: Rendered) -> Iterator[Finding]:
             yield Finding("kv-connector", f"{name} has no kv_transfer_config.kv_connector: KV cannot move",
                           _serve_file(r), _serve_path(name, "engine_kwargs.kv_transfer_config"),
                           "set kv_transfer.connector in release.yaml (NixlConnector)")
-    if all(isinstance(k, dict) and k.get("kv_connector") for k in kvs.values()):
-        p, d = kvs["prefill"], kvs["decode"]
+    p, d = kvs["prefill"], kvs["decode"]   # PHASES
+    if isinstance(p, dict) and isinstance(d, dict) and p.get("kv_connector") and d.get("kv_connector"):
         why = NOT_PD_CONNECTORS.get(p["kv_connector"])
         if why:
             yield Finding("kv-connector", f"{p['kv_connector']} does not move KV from prefill to decode: {why}; "

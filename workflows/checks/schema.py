@@ -101,7 +101,7 @@ def _k8s_definitions(folder: str) -> Any:
 
 def _findings(err: jsonschema.ValidationError, label: str, file: str) -> Iterator[Finding]:
     """One finding per error, and one per unknown field so each has its own path and fix."""
-    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict) and isinstance(err.schema, dict):
         known = list(err.schema.get("properties", {}))
         for name in err.instance:
             if name not in known:
@@ -119,7 +119,7 @@ def _field(label: str, path: Iterable[str | int]) -> str:
 
 
 def _fix(err: jsonschema.ValidationError) -> str:
-    value = err.validator_value
+    value: Any = err.validator_value   # its type depends on the keyword (`type`: str or list, `enum`: list)
     if err.validator == "type":
         return "use a value of type " + " or ".join([value] if isinstance(value, str) else value)
     if err.validator == "enum":

@@ -33,7 +33,7 @@ def size_release(r: Rendered) -> list[PhaseSize]:
     for name in PHASES:
         engine = _engine(r, name)
         mml = engine.get("max_model_len")
-        args = dict(tp=_tp(r, name), replicas=_max_serve_replicas(r, name), kv_dtype=engine.get("kv_cache_dtype"),
+        args: dict[str, Any] = dict(tp=_tp(r, name), replicas=_max_serve_replicas(r, name), kv_dtype=engine.get("kv_cache_dtype"),
                     max_model_len=int(mml) if mml else None)
         if cpu:
             group = _groups(r).get(name, (0, {}))[1]
@@ -43,8 +43,8 @@ def size_release(r: Rendered) -> list[PhaseSize]:
                      .get("resources") or {}).get("limits", {}).get("memory")
             size = phase_size(arch, name, "cpu", device_memory_gib=quantity(limit) / GIB if limit else 0.0,
                               utilization=None, kv_space_gib=space, **args)
-        elif name in pinned and pinned[name][3] is not None:
-            _, _, it_name, it = pinned[name]
+        elif name in pinned and (it := pinned[name][3]) is not None:
+            it_name = pinned[name][2]
             util = float(engine.get("gpu_memory_utilization") or DEFAULT_GPU_MEMORY_UTILIZATION)
             size = phase_size(arch, name, it_name, device_memory_gib=it.gpu_memory_gib, utilization=util, **args)
         else:

@@ -133,7 +133,7 @@ class Kube:
 
     def delete(self, kind: str, name: str, resource_version: str | None = None) -> bool:
         """False when already gone; with `resource_version`, 409 Conflict unless it is unchanged."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         if resource_version:
             body["preconditions"] = {"resourceVersion": resource_version}
         try:

@@ -8,11 +8,14 @@ finalizer), and promote drains the Service before it deletes the old colour.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workflows.names import COLOUR_LABEL
 from workflows.targets.base import Progress, ReleaseRecord, TargetError, appended, last_good, other_colour
 from workflows.targets.kube import objects as obj, traffic
+
+if TYPE_CHECKING:
+    from workflows.targets.kube.history import State
 
 DRAIN_TIMEOUT_S = 300.0  # endpoints follow a selector change in seconds; longer means the new colour is not serving
 
@@ -25,6 +28,15 @@ class Slots:
     drain_grace_s: float
     poll_s: float
     _dry_candidate: ReleaseRecord | None
+
+    if TYPE_CHECKING:  # supplied by KubernetesTarget (target.py); declared here for the type checker only
+        def _state(self, release: str | None = None) -> State: ...
+        def _save(self, state: State) -> None: ...
+        def _check_lock(self) -> None: ...
+        def _candidate(self, state: State) -> ReleaseRecord: ...
+        def _wait(self, record: ReleaseRecord, timeout_s: float, progress: Progress) -> None: ...
+        def _wait_gone(self, name: str, progress: Progress) -> None: ...
+        def _check_capacity(self, candidate: ReleaseRecord, progress: Progress) -> None: ...
 
     def apply(self, record: ReleaseRecord, progress: Progress) -> ReleaseRecord:
         state = self._state(record.name)
