@@ -42,7 +42,8 @@ def _number(kind, low: float, low_ok: bool):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         if not math.isfinite(value) or value < low or (value == low and not low_ok):
-            raise argparse.ArgumentTypeError(f"expected a finite number {'>=' if low_ok else '>'} {low:g}, got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number {'>=' if low_ok else '>'} {low:g}, got {text!r}")
         return value
     return parse
 
@@ -119,8 +120,9 @@ def cmd_bench(args) -> int:
         s = res[k]
         print(f"{k[:-3]:8} " + " ".join(f"{_fmt(s[q]):>8}" for q in ("mean", "p50", "p90", "p95", "p99", "max")))
     tpc = res["tokens_per_chunk"]["mean"]
-    print(f"tokens per chunk {_fmt(tpc)}" + ("  -> ITL above is CHUNK-level (the server batches its stream); "
-                                           "use TPOT and the server's ITL histogram" if res["itl_level"] == "chunk" else ""))
+    chunk_note = ("  -> ITL above is CHUNK-level (the server batches its stream); "
+                  "use TPOT and the server's ITL histogram")
+    print(f"tokens per chunk {_fmt(tpc)}" + (chunk_note if res["itl_level"] == "chunk" else ""))
     rows = side_by_side(res)
     for r in rows:
         print(f"{r['phase']:8} client p50/p90/p99 " + "/".join(_fmt(r[f"client_{q}"]) for q in ("p50", "p90", "p99"))
@@ -138,7 +140,8 @@ def cmd_bench(args) -> int:
     if res["server"]:
         kv = res["server"].get("kv")
         print(f"server: {res['server'].get('error') or ''}"
-              + (f"kv tokens {kv['external_kv_prompt_tokens']:.0f}, nixl failures {kv['nixl_failed_transfers']:.0f}" if kv else ""))
+              + (f"kv tokens {kv['external_kv_prompt_tokens']:.0f}, "
+                 f"nixl failures {kv['nixl_failed_transfers']:.0f}" if kv else ""))
     if res["errors"]:
         print("errors: " + "; ".join(res["error_samples"]))
     _write_json(args.json, res)
@@ -235,7 +238,8 @@ def cmd_plan_load(args) -> int:
         from validation.config import Statistics
         over = {k: v for k, v in (("confidence", args.confidence), ("power", args.power)) if v}
         try:
-            slo = slo.model_copy(update={"statistics": Statistics.model_validate({**slo.statistics.model_dump(), **over})})
+            statistics = Statistics.model_validate({**slo.statistics.model_dump(), **over})
+            slo = slo.model_copy(update={"statistics": statistics})
         except ValidationError as exc:
             e = exc.errors()[0]
             raise InputError("command line", "--" + str(e["loc"][0]), e["msg"], "use a value in [0.5, 0.999]") from None

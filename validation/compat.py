@@ -251,7 +251,8 @@ async def n_choices(ctx: Ctx) -> None:
 
 
 async def logprobs(ctx: Ctx) -> None:
-    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=4, logprobs=True, top_logprobs=2, temperature=0)
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=4, logprobs=True, top_logprobs=2,
+                               temperature=0)
     r = await ctx.client().chat.completions.create(**req)
     ctx.note(req, r)
     lp = r.choices[0].logprobs
@@ -367,7 +368,8 @@ async def concurrent_streams(ctx: Ctx) -> None:
     n = ctx.concurrency
     # each stream is asked with its own seed; reference is the same request non-streamed
     async def one(i: int) -> tuple[int, str, str, set]:
-        req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(f"{PROMPT} #{i}"), max_tokens=6, temperature=0, seed=100 + i)
+        req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(f"{PROMPT} #{i}"), max_tokens=6, temperature=0,
+                                   seed=100 + i)
         chunks, text = await _stream_chat(ctx, req)
         return i, text, chunks[0].id if chunks else "", {c.id for c in chunks}
 

@@ -137,6 +137,7 @@ def markdown_lines(labels_and_benches: list[tuple[str, dict[str, Any]]]) -> list
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for lab, name, p in rows:
         lines.append(f"| {lab} | {name} | {f(p.get('nodes'), 'g')} | {p['usd_per_hour']:.2f} | "
-                     f"{f(p['usd_per_million_input_tokens'], '.2f')} | {f(p['usd_per_million_output_tokens'], '.2f')} | "
+                     f"{f(p['usd_per_million_input_tokens'], '.2f')} | "
+                     f"{f(p['usd_per_million_output_tokens'], '.2f')} | "
                      f"{f(p['usd_per_1k_requests'], '.3f')} |")
     return lines + [""]

@@ -94,7 +94,8 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
         add("golden_tokens", bool(golden.get("ok")),
             f"golden tokens: {golden.get('matched', 0)}/{golden.get('prompts', 0)} prompts equal the single-engine "
             f"reference ({golden.get('tokens_compared', 0)} tokens)"
-            + "".join(f"; prompt {c['prompt']}: " + (c.get("problem") or f"first differs at token {c['first_difference']}")
+            + "".join(f"; prompt {c['prompt']}: "
+                      + (c.get("problem") or f"first differs at token {c['first_difference']}")
                       for c in bad[:3]), value=golden.get("matched"), limit=golden.get("prompts"))
 
     if diff is not None:  # pdops diff (validation/diff/): P/D vs single engine, unexpected divergences block
@@ -212,7 +213,8 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                     else:
                         cv, sv, src = _get(b, metric, "p90"), _get(s, metric, "p90"), ""
                     if cv is None or not sv:
-                        add(f"vs_stable_{name}", False, f"{lab}: {name} cannot be compared (candidate {cv}, stable {sv}){src}", lab)
+                        add(f"vs_stable_{name}", False,
+                            f"{lab}: {name} cannot be compared (candidate {cv}, stable {sv}){src}", lab)
                         continue
                     r = cv / sv
                     add(f"vs_stable_{name}", r <= factor,

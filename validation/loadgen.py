@@ -316,7 +316,8 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.reusable = False
         # a response without length or chunking ends when the server closes
-        ends_at_close = self.raw is not None and self.raw.status is not None and not self.chunked and self.length is None
+        ends_at_close = (self.raw is not None and self.raw.status is not None and not self.chunked
+                         and self.length is None)
         self._finish(None if ends_at_close else f"connection closed: {exc or 'by server'}")
 
 
@@ -511,8 +512,9 @@ def _worker_main(spec: LoadSpec, w: int, n: int, q) -> None:  # pragma: no cover
         warmup=spec.warmup if w == 0 else min(spec.warmup, 1),
         seed=spec.seed * 1000 + w, progress=False)
     try:
-        res: dict[str, Any] = run(share) if share.requests != 0 else {"records": [], "client_health": summarize_health([], []),
-                                                       "wall_s": 0.0, "t0": time.perf_counter(), "mode": "closed"}
+        res: dict[str, Any] = run(share) if share.requests != 0 else {
+            "records": [], "client_health": summarize_health([], []), "wall_s": 0.0, "t0": time.perf_counter(),
+            "mode": "closed"}
         for r in res["records"]:
             r["index"] = r["index"] * n + w
             r["worker"] = w

@@ -24,8 +24,8 @@ def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
     lines += ["## Reasons", ""] + [f"- {r}" for r in decision["reasons"]] + [""]
     if benches:
         lines += ["## Benchmarks (ms)", "",
-                  "| run | ok | err | TTFT p50 | TTFT p90 | TTFT p99 | ITL p90 | ITL p99 | TPOT p90 | TPOT p99 | tokens/chunk "
-                  "| prompt tokens served/requested | goodput req/s | client |",
+                  "| run | ok | err | TTFT p50 | TTFT p90 | TTFT p99 | ITL p90 | ITL p99 | TPOT p90 | TPOT p99 "
+                  "| tokens/chunk | prompt tokens served/requested | goodput req/s | client |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         notes = []
         for i, b in enumerate(benches):
@@ -35,8 +35,9 @@ def markdown(decision: dict, compat: dict | None, benches: list[dict]) -> str:
             if chunk:
                 notes.append(f"- {bench_label(b, i)}: ITL (chunk) is the gap between streamed chunks, not between "
                              f"tokens; the gate used {itl_source(b)[1]}.")
-            lines.append(f"| {bench_label(b, i)} | {b.get('requests_ok')} | {b.get('errors')} | {g('ttft_ms', 'p50')} | "
-                         f"{g('ttft_ms', 'p90')} | {g('ttft_ms', 'p99')} | {g('itl_ms', 'p90')}{chunk} | "
+            lines.append(f"| {bench_label(b, i)} | {b.get('requests_ok')} | {b.get('errors')} | "
+                         f"{g('ttft_ms', 'p50')} | {g('ttft_ms', 'p90')} | {g('ttft_ms', 'p99')} | "
+                         f"{g('itl_ms', 'p90')}{chunk} | "
                          f"{g('itl_ms', 'p99')}{chunk} | {g('tpot_ms', 'p90')} | {g('tpot_ms', 'p99')} | "
                          f"{g('tokens_per_chunk', 'mean')} | {g('lengths', 'prompt_ratio_mean')} | "
                          f"{_fmt(b.get('goodput_rps'))} | {ch} |")

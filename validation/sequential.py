@@ -12,8 +12,9 @@ from validation import metrics
 
 def merge_bench(a: dict, b: dict) -> dict:
     """Two runs of one load as one report: counts summed, samples concatenated, latency summaries
-    recomputed from the merged samples; server evidence summed (KV tokens, NIXL failures) when both runs have it, else
-    the latest run's (missing evidence stays missing); the latest run's histograms kept. `looks` lists each run's own summary."""
+    recomputed from the merged samples; server evidence summed (KV tokens, NIXL failures) when both
+    runs have it, else the latest run's (missing evidence stays missing); the latest run's histograms
+    kept. `looks` lists each run's own summary."""
     sa, sb = a.get("samples") or {}, b.get("samples") or {}
     samples = {k: (sa.get(k) or []) + (sb.get(k) or []) for k in ("ttft", "tpot", "itl", "itl_counts")}
     out = {**b, "samples": samples}

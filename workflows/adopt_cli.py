@@ -21,7 +21,8 @@ def print_size(table: dict[str, Any], out=None) -> None:
     arch = table["architecture"]
     if arch:
         n = arch["parameters"]
-        print(f"model: {n / 1e9:.2f}B parameters," if n >= 1e9 else f"model: {n / 1e6:.2f}M parameters,", end="", file=out)
+        print(f"model: {n / 1e9:.2f}B parameters," if n >= 1e9 else f"model: {n / 1e6:.2f}M parameters,",
+              end="", file=out)
         print(f" {arch['layers']} layers, {arch['kv_heads']} KV heads "
               f"x {arch['head_dim']}, {arch['dtype']} ({arch.get('source') or 'spec'})", file=out)
     head = ("phase", "node", "TP", "repl", "mem/dev GiB", "util", "weights/dev GiB", "KV B/token", "KV room GiB",
@@ -75,8 +76,8 @@ def print_cost(costs: list[tuple[str, dict[str, Any]]], out=None) -> None:
                   f"{_fmt(p['usd_per_million_output_tokens'], '11.2f'):>11} "
                   f"{_fmt(p['usd_per_1k_requests'], '9.3f'):>9}", file=out)
         for name, p in c["phases"].items():
-            print(f"  {name}: {p['nodes']:g} x {p['instance_type']} at ${p['usd_per_node_hour']}/h ({p['price_source']})",
-                  file=out)
+            print(f"  {name}: {p['nodes']:g} x {p['instance_type']} at ${p['usd_per_node_hour']}/h "
+                  f"({p['price_source']})", file=out)
     print(f"formula: {costs[0][1]['formula'] if costs else ''}", file=out)
 
 
@@ -109,7 +110,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-f", "--file", help="a rendered manifest file, '-' for stdin")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_size)
-    p = sub.add_parser("cost", help="$ per million tokens and per 1,000 requests of benchmark runs on an overlay's nodes")
+    p = sub.add_parser("cost",
+                       help="$ per million tokens and per 1,000 requests of benchmark runs on an overlay's nodes")
     p.add_argument("overlay", help="overlay directory whose instance types and prices apply")
     p.add_argument("--bench", nargs="+", required=True, help="bench JSON file(s) (pdops bench / a release run)")
     p.add_argument("--json", action="store_true")

@@ -170,7 +170,8 @@ def _metrics(metric_prefix: str):
                              when=f"'{verdict}' == 'promote' || '{verdict}' == 'rollback'",
                              realtime=False, value="{{workflow.outputs.parameters." + value + "}}"))
     out.append(Counter(name=f"{metric_prefix}_verdict_total", help="verdicts by environment and workflow status",
-                       labels=[env, Label(key="verdict", value=verdict), Label(key="status", value="{{workflow.status}}")],
+                       labels=[env, Label(key="verdict", value=verdict),
+                               Label(key="status", value="{{workflow.status}}")],
                        value="1"))
     return out
 
@@ -327,7 +328,8 @@ def build_canary(image: str = STEP_IMAGE):
             # Only a verdict regresses the release; `failed` (validation could not run) alerts instead.
             Task(name="rollback", template=rollback, depends="validate-stable.Failed",
                  when=f"'{verdict}' == 'rollback' && {on} == rollback",
-                 arguments=[Artifact(name="run", from_="{{tasks.validate-stable.outputs.artifacts.run}}", optional=True)])
+                 arguments=[Artifact(name="run", from_="{{tasks.validate-stable.outputs.artifacts.run}}",
+                                     optional=True)])
             Task(name="alert", template=alert, depends="validate-stable.Failed",
                  when=f"'{verdict}' != 'rollback' || {on} == alert",
                  arguments=[Parameter(name="summary", value="{{tasks.validate-stable.outputs.parameters.summary}}"),

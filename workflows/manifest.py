@@ -158,7 +158,8 @@ def kustomize_build(overlay: Path) -> list[dict[str, Any]]:
         proc = subprocess.run([str(kubectl()), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(overlay)],
                               capture_output=True, text=True, env={**os.environ, "KUBECTL_COMMAND_HEADERS": "false"})
         if proc.returncode != 0:
-            raise InputError(kustomization, "", "kustomize build failed: " + proc.stderr.strip().removeprefix("error: "),
+            raise InputError(kustomization, "",
+                             "kustomize build failed: " + proc.stderr.strip().removeprefix("error: "),
                              "fix the kustomization (paths, patch targets) it names")
         hit = _KustomizeOutput(key=key or "", stdout=proc.stdout)
         if key:

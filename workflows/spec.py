@@ -185,7 +185,8 @@ def parse_spec(data: Any, file: str | os.PathLike[str]) -> ReleaseSpec:
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         field = _field_path(err["loc"])
         if err["type"] == "extra_forbidden":
-            problem, fix = "unknown field" + more, "remove it or fix its spelling (README: Release spec lists every field)"
+            problem = "unknown field" + more
+            fix = "remove it or fix its spelling (README: Release spec lists every field)"
         elif err["type"] == "missing":
             problem, fix = "required field is missing" + more, "add it (README: Release spec)"
         else:

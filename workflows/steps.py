@@ -103,7 +103,8 @@ def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
         was = set(selection.get("ReplicaId", []))
         now = set(after.metrics_phases.get(phase, {}).get("ReplicaId", []))
         if was - now:
-            out.append(f"{phase} {', '.join(sorted(was - now))} replaced by {', '.join(sorted(now - was)) or 'nothing'}")
+            out.append(f"{phase} {', '.join(sorted(was - now))} replaced by "
+                       f"{', '.join(sorted(now - was)) or 'nothing'}")
     return out
 
 
@@ -238,7 +239,8 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
                           f"{spec.model.id}", ["validate with the overlay revision the slot was released from"])
     if digest is not None and record.digest != digest:
         raise TargetError(f"the {slot} slot holds {record.short()}, not the release the overlay renders "
-                          f"({digest[7:19]})", ["roll the overlay out first, or validate the revision that is deployed"])
+                          f"({digest[7:19]})",
+                          ["roll the overlay out first, or validate the revision that is deployed"])
     if reference is _FETCH:
         reference = None
         if spec.validation.golden_prompts and not spec.validation.diff:

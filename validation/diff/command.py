@@ -29,7 +29,8 @@ def coverage_lines(cov: dict) -> list[str]:
         lines.append(f"[diff] {api}: {len(c['covered'])} request fields covered, {len(c['uncovered'])} without a case:")
         lines += [f"[diff]   {f}: {matrix.UNCOVERED[api][f]}" for f in c["uncovered"]]
         if c["unexplained"]:
-            lines.append(f"[diff]   NO CASE AND NO REASON (new in the installed packages?): {', '.join(c['unexplained'])}")
+            lines.append("[diff]   NO CASE AND NO REASON (new in the installed packages?): "
+                         + ", ".join(c["unexplained"]))
     return lines
 
 
@@ -79,7 +80,8 @@ def cmd_diff(args) -> int:
 def register(sub) -> None:
     from validation.cli import _http_url, _output_file, _positive
 
-    p = sub.add_parser("diff", help="differential suite: the candidate vs a single-engine reference, request by request",
+    p = sub.add_parser("diff",
+                       help="differential suite: the candidate vs a single-engine reference, request by request",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", required=True, type=_http_url, help="the candidate, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--reference-url", required=True, type=_http_url,

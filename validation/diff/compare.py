@@ -64,7 +64,8 @@ def _choice(c: Choice, r: Choice, where: str, keys: bool) -> list[str]:
         out.append(f"{where}top_logprobs tokens differ")
     for field in ("prompt_token_ids", "prompt_logprobs"):
         if not approx(getattr(c, field), getattr(r, field)):
-            out.append(f"{where}{field} differ: {str(getattr(c, field))[:80]} vs reference {str(getattr(r, field))[:80]}")
+            out.append(f"{where}{field} differ: {str(getattr(c, field))[:80]} "
+                       f"vs reference {str(getattr(r, field))[:80]}")
     if not approx(c.tool_calls and [_tool(t) for t in c.tool_calls], r.tool_calls and [_tool(t) for t in r.tool_calls]):
         out.append(f"{where}tool_calls differ: {c.tool_calls} vs reference {r.tool_calls}")
     if keys:

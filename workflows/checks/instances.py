@@ -86,7 +86,8 @@ def instance_facts(r: Rendered) -> Iterator[Finding]:
         yield from _fits(r, name, path, group, it_name, it)
 
 
-def _fits(r: Rendered, name: str, path: str, group: dict[str, Any], it_name: str, it: InstanceType) -> Iterator[Finding]:
+def _fits(r: Rendered, name: str, path: str, group: dict[str, Any], it_name: str,
+          it: InstanceType) -> Iterator[Finding]:
     kfile, limits = r.kustomization_file(), path + ".template.spec.containers[0].resources"
     gpus, efa, tp = _limit(group, GPU), _limit(group, EFA), _tp(r, name)
     for res, want, have, unit in (("cpu", _request(group, "cpu"), it.vcpu, "vCPU"),
@@ -160,4 +161,5 @@ def pd_same_node(r: Rendered) -> Iterator[Finding]:
     yield Finding("pd-same-node", "prefill and decode pods can be packed on one node while using EFA: they then "
                   "share the node's EFA devices and PCIe, and a node loss takes both phases", r.kustomization_file(),
                   _group_path(r, di) + ".template.spec.nodeSelector",
-                  "give each phase its own node group (nodeSelector pdops.dev/phase: prefill / decode, as the overlays do)")
+                  "give each phase its own node group (nodeSelector pdops.dev/phase: prefill / decode, "
+                  "as the overlays do)")

@@ -180,9 +180,11 @@ def kv_connector(r: Rendered) -> Iterator[Finding]:
 @rule
 def tp_order(r: Rendered) -> Iterator[Finding]:
     if _tp(r, "prefill") > _tp(r, "decode"):
-        yield Finding("tp-order", f"prefill tensor_parallel_size {_tp(r, 'prefill')} exceeds decode's {_tp(r, 'decode')}",
+        yield Finding("tp-order",
+                      f"prefill tensor_parallel_size {_tp(r, 'prefill')} exceeds decode's {_tp(r, 'decode')}",
                       _serve_file(r), _serve_path("prefill", "engine_kwargs.tensor_parallel_size"),
-                      "vLLM's heterogeneous-TP KV transfer needs prefill TP <= decode TP: lower prefill or raise decode")
+                      "vLLM's heterogeneous-TP KV transfer needs prefill TP <= decode TP: "
+                      "lower prefill or raise decode")
 
 
 @rule
@@ -269,7 +271,8 @@ def efa(r: Rendered) -> Iterator[Finding]:
             tolerated = {t.get("key") for t in pod.get("tolerations") or []}
             if not efa_limit:
                 yield Finding("efa-resource", f"{name} uses EFA (LIBFABRIC/FI_PROVIDER) but requests no {EFA}",
-                              r.kustomization_file(), _group_path(r, index) + f".template.spec.containers[0].resources.limits.{EFA}",
+                              r.kustomization_file(),
+                              _group_path(r, index) + f".template.spec.containers[0].resources.limits.{EFA}",
                               "add the efa component (kustomize/components/efa) to the overlay")
             elif not tolerated.intersection(EFA_TAINTS):
                 yield Finding("efa-resource", f"{name} requests EFA but does not tolerate the EFA node taint",
@@ -297,7 +300,8 @@ def ray_version(r: Rendered) -> Iterator[Finding]:
         tag = str(c.get("image") or "").split("@")[0].rpartition("/")[2].partition(":")[2]
         match = _VERSION.search(tag)
         if match and declared and match.group(1) != declared:
-            yield Finding("ray-version", f"rayVersion {declared} differs from the image's Ray {match.group(1)} ({c.get('image')})",
+            yield Finding("ray-version",
+                          f"rayVersion {declared} differs from the image's Ray {match.group(1)} ({c.get('image')})",
                           r.kustomization_file(), f"{_rs_name(r)} spec.rayClusterConfig.rayVersion",
                           "use an image built for the declared Ray version, or change rayVersion to match")
 
@@ -348,10 +352,12 @@ def lint(r: Rendered) -> list[Finding]:
     # register into RULES when imported; imported here, once this module is whole, to avoid a cycle.
     from workflows.checks import instances, sizing, zone  # noqa: F401
     if r.rayservice is None:
-        return [Finding("rayservice", "no RayService in the manifest", r.file, "", "render an overlay: pdops render OVERLAY")]
+        return [Finding("rayservice", "no RayService in the manifest", r.file, "",
+                        "render an overlay: pdops render OVERLAY")]
     if not _args(r):
         return [Finding("serve-config", "spec.serveConfigV2 has no build_pd_openai_app application", r.file,
-                        f"{_rs_name(r)} spec.serveConfigV2", "render the overlay with pdops so the serve config is filled")]
+                        f"{_rs_name(r)} spec.serveConfigV2",
+                        "render the overlay with pdops so the serve config is filled")]
     findings: list[Finding] = []
     for check in RULES:
         try:

@@ -33,8 +33,8 @@ def size_release(r: Rendered) -> list[PhaseSize]:
     for name in PHASES:
         engine = _engine(r, name)
         mml = engine.get("max_model_len")
-        args: dict[str, Any] = dict(tp=_tp(r, name), replicas=_max_serve_replicas(r, name), kv_dtype=engine.get("kv_cache_dtype"),
-                    max_model_len=int(mml) if mml else None)
+        args: dict[str, Any] = dict(tp=_tp(r, name), replicas=_max_serve_replicas(r, name),
+                                    kv_dtype=engine.get("kv_cache_dtype"), max_model_len=int(mml) if mml else None)
         if cpu:
             group = _groups(r).get(name, (0, {}))[1]
             env = _env(group) | ((_phase(r, name).get("runtime_env") or {}).get("env_vars") or {})

@@ -135,7 +135,8 @@ class LocalRay:
         p = self.ports
         # Niced: on a 2-core machine the engines would otherwise starve the latency harness's event
         # loop (measured: loop lag p99 0.8 s), and a starved client measures itself, not the server.
-        return ["nice", "-n", str(NICENESS), str(ray), "start", "--head", "--block", f"--node-ip-address={HOST}", f"--port={p.gcs}",
+        return ["nice", "-n", str(NICENESS), str(ray), "start", "--head", "--block", f"--node-ip-address={HOST}",
+                f"--port={p.gcs}",
                 "--include-dashboard=true", f"--dashboard-host={HOST}", f"--dashboard-port={p.dashboard}",
                 f"--dashboard-agent-listen-port={p.agent}", f"--ray-client-server-port={p.client}",
                 f"--metrics-export-port={p.metrics}", "--num-cpus=16", f"--resources={json.dumps(resources)}",
