@@ -25,9 +25,10 @@ def print_size(table: dict[str, Any], out=None) -> None:
               end="", file=out)
         print(f" {arch['layers']} layers, {arch['kv_heads']} KV heads "
               f"x {arch['head_dim']}, {arch['dtype']} ({arch.get('source') or 'spec'})", file=out)
-    head = ("phase", "node", "TP", "repl", "mem/dev GiB", "util", "weights/dev GiB", "KV B/token", "KV room GiB",
-            "KV tokens/repl", "max_model_len", "max seqs", "load tokens")
-    rows = [head] + [(p["phase"], p["node"], str(p["tp"]), str(p["replicas"]), _fmt(p["device_memory_gib"], ".1f"),
+    head = ("phase", "node", "TP", "PP", "nodes/repl", "repl", "mem/dev GiB", "util", "weights/dev GiB", "KV B/token",
+            "KV room GiB", "KV tokens/repl", "max_model_len", "max seqs", "load tokens")
+    rows = [head] + [(p["phase"], p["node"], str(p["tp"]), str(p["pp"]), str(p["nodes_per_replica"]),
+                      str(p["replicas"]), _fmt(p["device_memory_gib"], ".1f"),
                       _fmt(p["memory_utilization"], ".2f"), _fmt(p["weights_per_device_gib"], ".2f"),
                       _fmt(p["kv_bytes_per_token"]), _fmt(p["kv_room_gib"], ".2f"), _fmt(p["kv_tokens_per_replica"]),
                       _fmt(p["max_model_len"]), _fmt(p["max_sequences"]),

@@ -5,30 +5,15 @@ minute to start on 2 cores). Asserts on case outcomes and token counts, never on
 """
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
-    """The local target's single-engine reference server (the golden-token check's), on its own."""
-    from workflows.targets.local_stack import ReferenceEngine
-    from workflows.tiny_model import build
-
-    engine = ReferenceEngine(tmp_path_factory.mktemp("vllm"), _free_port(), str(build("pdops-tiny")), "pdops-tiny",
-                             {"enforce_eager": True, "max_model_len": 1024})
-    with engine:
-        engine.wait_ready(lambda _: None, timeout_s=600)
-        yield engine.base_url.removesuffix("/v1")
+def vllm_server(real_vllm):
+    """The shared real engine (tests/integration/conftest.py), as a server root."""
+    return real_vllm.removesuffix("/v1")
 
 
 def test_compat_suite_passes_on_real_vllm(vllm_server):
