@@ -67,7 +67,7 @@ class ReleaseRecord(BaseModel):
     decided_at: float | None = None
 
     @classmethod
-    def of(cls, manifest: str, name: str, model: str, revision: str) -> "ReleaseRecord":
+    def of(cls, manifest: str, name: str, model: str, revision: str) -> ReleaseRecord:
         return cls(name=name, revision=revision, digest=manifest_digest(manifest), manifest=manifest, model=model)
 
     def short(self) -> str:

@@ -23,8 +23,7 @@ from kubernetes import client, config
 
 from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
-from workflows.targets.kube import objects as obj
-from workflows.targets.kube import traffic
+from workflows.targets.kube import objects as obj, traffic
 from workflows.targets.kube.api import Kube
 from workflows.targets.kube.capacity import place, rayservice_pods
 from workflows.targets.kube.history import HistoryStore, State
@@ -67,8 +66,10 @@ class KubernetesTarget(Slots):
         if self.dry_run:
             yield
             return
-        lock = ReleaseLock(self.kube, f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}", self.lease_s, min(self.poll_s, 1.0))
-        lock.acquire(lambda line: print(line, file=sys.stderr, flush=True))  # session() has no progress; a takeover waits minutes
+        holder = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
+        lock = ReleaseLock(self.kube, holder, self.lease_s, min(self.poll_s, 1.0))
+        # session() has no progress; a takeover waits minutes
+        lock.acquire(lambda line: print(line, file=sys.stderr, flush=True))
         self._lock = lock
         try:
             yield
@@ -113,7 +114,8 @@ class KubernetesTarget(Slots):
         state = self._state()
         record = state.stable if slot == "stable" else (state.candidate or self._dry_candidate)
         if record is None:
-            raise TargetError(f"no {slot} release in namespace {self.namespace}", ["run `pdops rollout` (and promote) first"])
+            raise TargetError(f"no {slot} release in namespace {self.namespace}",
+                              ["run `pdops rollout` (and promote) first"])
         return traffic.endpoint(self.kube, slot, record, self.metrics_lag_s)
 
     def history(self) -> list[ReleaseRecord]:
@@ -148,7 +150,8 @@ class KubernetesTarget(Slots):
             return SlotStatus(slot=slot)
         rs = self.kube.get("RayService", obj.rs_name(record))
         if rs is None:
-            return SlotStatus(slot=slot, release=record, state="absent", detail=f"RayService {obj.rs_name(record)} not found")
+            return SlotStatus(slot=slot, release=record, state="absent",
+                              detail=f"RayService {obj.rs_name(record)} not found")
         found = rayservice_state(rs)
         return SlotStatus(slot=slot, release=record, state=found.state, detail=f"{obj.rs_name(record)}: {found.detail}",
                           endpoint=traffic.endpoint(self.kube, slot, record, self.metrics_lag_s))
@@ -180,7 +183,8 @@ class KubernetesTarget(Slots):
         name = obj.rs_name(record)
         out = [line for pod in self.kube.list("Pod", {obj.COLOUR_LABEL: record.colour}) for line in pod_problems(pod)]
         out += event_lines(self.kube.list("Event"), name, RECENT_EVENTS)
-        return out or [f"no failing pods or events found for {name}; `kubectl -n {self.namespace} describe rayservice {name}`"]
+        return out or [f"no failing pods or events found for {name}; "
+                       f"`kubectl -n {self.namespace} describe rayservice {name}`"]
 
     def _wait_gone(self, name: str, progress: Progress) -> None:
         """KubeRay's finalizer keeps a deleted RayService until its RayClusters are gone; applying
@@ -215,7 +219,8 @@ class KubernetesTarget(Slots):
             if getattr(exc, "status", None) != 403:
                 raise
             progress("[capacity] skipped: listing nodes and pods cluster-wide is forbidden (the pd-release Role is "
-                     "namespaced). Bind the ClusterRole `pdops-node-reader` (README, Install on EKS) to enable the check")
+                     "namespaced). Bind the ClusterRole `pdops-node-reader` (README, Install on EKS) to enable "
+                     "the check")
             return
         placed, short = place(wanted, nodes, pods)
         for line in placed:
@@ -224,8 +229,8 @@ class KubernetesTarget(Slots):
             raise TargetError(f"the candidate {obj.rs_name(candidate)} does not fit on the cluster's nodes", short + [
                 "blue/green runs a new RayCluster beside the stable one until promotion, so its pods need room next to "
                 "everything already on the nodes; without it KubeRay leaves them Pending and the rollout hangs",
-                "fix: add nodes to the node group(s) named above (eksctl scale nodegroup, or raise the Karpenter NodePool "
-                "limits), or free them, then re-run; if an autoscaler adds nodes on demand, disable the check "
+                "fix: add nodes to the node group(s) named above (eksctl scale nodegroup, or raise the Karpenter "
+                "NodePool limits), or free them, then re-run; if an autoscaler adds nodes on demand, disable the check "
                 "(capacity_check=False)"])
 
 
@@ -239,4 +244,5 @@ def _load_client(kubeconfig: str | None, context: str | None) -> client.ApiClien
         return config.new_client_from_config(config_file=kubeconfig, context=context)
     except (config.ConfigException, OSError) as exc:
         raise TargetError(f"cannot load Kubernetes credentials: {exc}",
-                          ["pass --kubeconfig FILE (and --context NAME), or run in the cluster as the pd-release ServiceAccount"]) from None
+                          ["pass --kubeconfig FILE (and --context NAME), "
+                           "or run in the cluster as the pd-release ServiceAccount"]) from None
