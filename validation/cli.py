@@ -184,7 +184,8 @@ def cmd_gate(args) -> int:
     from workflows.spec import load_spec
     release = Path(args.release)
     try:
-        slo = load_spec(release.parent).slo
+        spec = load_spec(release.parent)
+        slo = spec.slo
     except Exception as e:  # noqa: BLE001
         _err(f"cannot load release spec from {release.parent}: {e}")
         return 2
@@ -203,7 +204,8 @@ def cmd_gate(args) -> int:
             _err(unpriced)
         # one run of each load is all this command has: with inconclusive: extend it judges the
         # last planned look (the confidence is already corrected for max_looks), so unproven fails
-        decision = gate.decide(compat, benches, slo, stable, look=slo.statistics.max_looks)
+        decision = gate.decide(compat, benches, slo, stable, look=slo.statistics.max_looks,
+                               balance_block=spec.validation.balance.block)
         files = report.write(args.out, decision, compat, benches)
     except (TypeError, ValueError, AttributeError, KeyError) as exc:   # JSON, but not a report's shape
         named = [f for f in (args.compat, *args.bench, args.stable_report) if f]

@@ -54,12 +54,14 @@ def _key(b: dict) -> tuple:
 
 def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None,
            golden: dict | None = None, replaced: list[str] | None = None, diff: dict | None = None,
-           look: int = 1) -> dict:
+           look: int = 1, balance_block: bool = False) -> dict:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
     (the Kubernetes pipeline) do not run it. `replaced`: the candidate's engines that were replaced
     while it was validated, where the target can tell; a candidate that lost an engine is unproven
     even when its restarted engine then passed every check (measured: a killed prefill engine).
-    `look`: which run of an extended validation this is (1 = the first; slo.statistics)."""
+    `look`: which run of an extended validation this is (1 = the first; slo.statistics).
+    `balance_block`: a run whose phases are imbalanced fails (validation.balance.block); otherwise its
+    verdict is reported as a passing check."""
     checks: list[dict] = []
     st = slo.statistics
     extend: set[int] = set()
@@ -159,6 +161,12 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
             ok = a is not None and a >= slo.min_slo_attainment
             add("slo_attainment", ok, f"{lab}: SLO attainment {a if a is None else f'{a:.1%}'} "
                 f"{'>=' if ok else '<'} {slo.min_slo_attainment:.1%}", lab, a, slo.min_slo_attainment)
+        if b.get("balance"):   # phase balance (validation/balance.py): reported; blocks only when asked
+            verdict, why = b["balance"].get("verdict"), "; ".join(b["balance"].get("reasons") or [])
+            bound = verdict in ("prefill-bound", "decode-bound")
+            add("phase_balance", not (bound and balance_block), f"{lab}: {verdict}: {why}" + (
+                "" if not bound or balance_block else " (reported, not gated: validation.balance.block is false)"),
+                lab, verdict, "balanced" if balance_block else None)
         if slo.kv_transfer == "required":
             kv = _get(b, "server", "kv")
             if not kv:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from validation.balance import Balance
 from workflows import yaml_edit
 from workflows.advise import PhaseChange, plan, read_balances
 from workflows.errors import InputError
@@ -149,8 +150,12 @@ def check_patch(overlay: Path, patch: str, schema_dir: Path | None = None) -> li
 
 
 def advise(overlay: Path, bench_files: list[str], schema_dir: Path | None = None) -> Advice:
-    balances = read_balances(bench_files)
-    rendered = render(Path(overlay))
+    return advise_runs(overlay, read_balances(bench_files), schema_dir)
+
+
+def advise_runs(overlay: Path, balances: list[tuple[str, Balance]], schema_dir: Path | None = None,
+                rendered: Rendered | None = None) -> Advice:
+    rendered = rendered or render(Path(overlay))
     changes = plan(rendered, balances)
     advice = Advice(overlay=str(overlay), verdicts=[(lab, b.verdict) for lab, b in balances], changes=changes)
     if not changes:

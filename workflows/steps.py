@@ -139,7 +139,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
                           metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
-                          tokenizer=endpoint.tokenizer, isolate=True, seed=seed)
+                          tokenizer=endpoint.tokenizer, isolate=True, seed=seed,
+                          balance_policy=spec.validation.balance)
         if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from validation.cost import bench_cost
             bench["cost"] = bench_cost(bench, spec, rendered)
@@ -177,7 +178,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             except OSError as exc:
                 raise RunFolderError(run / "diff.json", exc) from exc
     replaced = replaced_engines(endpoint, current()) if current else None
-    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed)
+    block = spec.validation.balance.block
+    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, balance_block=block)
     look = 1
     # slo.statistics.inconclusive: extend, looks remaining (validation/sequential.py); after the reference
     # engine has stopped, so the extra loads have the machine the first ones had
@@ -190,12 +192,37 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             benches[i] = sequential.merge_bench(benches[i], bench_of(load, 0, look - 1))
             _dump(run / f"bench-{i}-{load.profile}.json", benches[i])
         replaced = replaced_engines(endpoint, current()) if current else None
-        decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look)
+        decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look,
+                               balance_block=block)
+    if rendered is not None and rendered.overlay is not None:
+        decision["advice"] = balance_advice(rendered, benches, run, progress)
     try:
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
         raise RunFolderError(run, exc) from exc
     return {"decision": decision, "report": files, "golden": matched, "benches": benches, "diff": diffed}
+
+
+def balance_advice(rendered: Rendered, benches: list[dict], run: Path, progress: Progress) -> list[str]:
+    """`pdops advise` on the runs just made: the lines for the report, and RUN/advice.patch when a phase
+    queued and the change passes `pdops check`. Never fails the release: advice is a report."""
+    from validation.balance import Balance
+    from workflows.advise_patch import advise_runs
+
+    runs = [(f"bench-{i}-{b.get('profile')}.json", Balance.model_validate(b["balance"]))
+            for i, b in enumerate(benches) if b.get("balance")]
+    if not runs:
+        return []
+    try:
+        advice = advise_runs(Path(rendered.overlay or ""), runs, rendered=rendered)
+        if advice.offered:
+            _write(run / "advice.patch", advice.patch)
+    except (InputError, OSError, ValueError) as exc:
+        return [f"no advice: {exc}"]
+    lines = advice.lines() + ([f"patch: {run / 'advice.patch'}"] if advice.offered else [])
+    for line in lines:
+        progress(f"[balance] {line}")
+    return lines
 
 
 def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[dict] | None:
