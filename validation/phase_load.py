@@ -18,8 +18,10 @@ from collections import defaultdict
 from validation.server_metrics import PREFIXES, Sample, Scraper, histogram_deltas, parse, scrape, selected
 
 GAUGES = ("num_requests_running", "num_requests_waiting", "num_requests_waiting_by_reason", "kv_cache_usage_perc")
-# Series labels that vary within one engine (so are not part of its identity).
-_NOT_IDENTITY = {"le", "reason", "stage", "source", "finished_reason", "sleep_state", "status", "quantile"}
+# What names one engine: vLLM's per-engine labels (loggers.py labelnames), Ray's ReplicaId, and the
+# endpoint it was scraped from (each node numbers its engines from 0). Other labels (Ray's WorkerId,
+# an exporter's scope labels) may differ between one engine's series.
+_IDENTITY = ("__source", "ReplicaId", "engine", "model_name")
 
 
 def _short(name: str) -> str | None:
@@ -87,7 +89,8 @@ def by_phase(texts: dict[str, str], scraper: Scraper) -> dict[str, list[Sample]]
 
 
 def engine_key(labels: tuple[tuple[str, str], ...]) -> tuple:
-    return tuple((k, v) for k, v in labels if k not in _NOT_IDENTITY)
+    d = dict(labels)
+    return tuple(d.get(k) for k in _IDENTITY)
 
 
 def gauge_totals(samples: list[Sample]) -> dict[str, tuple[float, int]]:

@@ -84,3 +84,11 @@ def test_both_sides_queueing_names_the_worse_one():
     even = judge({"prefill": {**base, "phase": "prefill", "waiting_mean": 6.0},
                   "decode": {**base, "phase": "decode", "waiting_mean": 6.0}})
     assert even.verdict == "balanced" and "short of both" in even.reasons[0]
+
+
+def test_engines_are_counted_per_replica_and_waiting_is_per_engine():
+    pd = PDQueues(prefill_engines=2, decode_engines=3, prefill_slots=1, decode_slots=16, prefill_s=0.05)
+    bal = Balance.model_validate(bench(pd, profiles.custom(64, 8))["balance"])
+    pre = bal.phases["prefill"]
+    assert (pre.engines, bal.phases["decode"].engines) == (2, 3)
+    assert pre.waiting_per_engine == pytest.approx(pre.waiting_mean / 2)
