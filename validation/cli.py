@@ -139,6 +139,8 @@ def cmd_bench(args) -> int:
         kv = res["server"].get("kv")
         print(f"server: {res['server'].get('error') or ''}"
               + (f"kv tokens {kv['external_kv_prompt_tokens']:.0f}, nixl failures {kv['nixl_failed_transfers']:.0f}" if kv else ""))
+    if res.get("balance"):   # the phases' queues (validation/balance.py); pdops advise takes this file
+        print(f"phase balance: {res['balance']['verdict']}: " + "; ".join(res["balance"]["reasons"]))
     if res["errors"]:
         print("errors: " + "; ".join(res["error_samples"]))
     _write_json(args.json, res)
