@@ -47,6 +47,12 @@ class VsStable(_Strict):
     itl_p90: Factor | None = None
     # $ per 1,000 requests (validation/cost.py) at most this factor times the stable release's.
     cost: Factor | None = None
+    # live: when the stable slot serves during the release, measure it under the same loads,
+    # interleaved with the candidate in `blocks` blocks per side (C S S C ...; validation/interleave.py),
+    # so drift over days and over minutes hits both sides; the recorded baseline (kept at promote)
+    # is used only when stable does not serve. recorded: always the baseline (half the load time).
+    measure: Literal["live", "recorded"] = "live"
+    blocks: Annotated[int, Field(ge=1, le=32)] = 4
 
 
 class Statistics(_Strict):

@@ -113,13 +113,16 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                        rendered: Rendered | None = None, reference_url: str | None = None,
                        release_file: Path | None = None,
                        reference_server: Callable[[], AbstractContextManager[str | None]] | None = None,
+                       stable_endpoint: Endpoint | None = None,
                        ) -> dict[str, Any]:
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
     `stable`: the baseline benches `vs_stable` compares against (`stable_baseline`).
     `current` re-reads the candidate's endpoint after validation, to see engines that were replaced.
     `reference_url`: a single-engine reference serving during validation (pdops diff runs against it);
     `reference_server`: starts one for the golden tokens and the diff, after the loads (so it takes
-    no CPU from them) and stops it after; golden answers come from it when `reference` is None."""
+    no CPU from them) and stops it after; golden answers come from it when `reference` is None.
+    `stable_endpoint`: the serving stable slot; with `slo.vs_stable.measure: live` each load runs on
+    both, interleaved (validation/interleave.py), and `vs_stable` compares with that instead of `stable`."""
     from validation import compat as compat_suite
     from validation import gate, golden, profiles, report, sequential, traces
     from validation.bench import run_bench
@@ -129,28 +132,57 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     compat = compat_suite.run(endpoint.base_url, spec.model.id, api_key=api_key, optional=policy.optional,
                               api_key_required=policy.api_key_required, progress=progress, timeout=timeout)
     _dump(run / "compat.json", compat)
-    def bench_of(load, warmup: int, seed: int) -> dict:
+    def bench_of(load, warmup: int, seed: int, on: Endpoint = endpoint, requests: int | None = None,
+                 duration: float | None = None) -> dict:
+        requests = requests if requests is not None else (load.requests if not load.duration_s else None)
+        duration = duration if duration is not None else load.duration_s
         trace = traces.load(load.trace, load.trace_format, load.time_scale, load.requests) if load.trace else None
-        bench = run_bench(endpoint.base_url, spec.model.id, profiles.get(load.profile),
+        bench = run_bench(on.base_url, spec.model.id, profiles.get(load.profile),
                           concurrency=None if load.rate else load.concurrency, rate=load.rate,
-                          requests=load.requests if not load.duration_s else None, duration=load.duration_s,
-                          warmup=warmup, metrics_url=endpoint.metrics_url,
-                          metrics_select=endpoint.metrics_labels or None,
-                          metrics_phases=endpoint.metrics_phases or None, api_key=api_key,
+                          requests=requests, duration=duration,
+                          warmup=warmup, metrics_url=on.metrics_url,
+                          metrics_select=on.metrics_labels or None,
+                          metrics_phases=on.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
-                          metrics_lag_s=endpoint.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
-                          tokenizer=endpoint.tokenizer, isolate=True, seed=seed,
+                          metrics_lag_s=on.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
+                          tokenizer=on.tokenizer, isolate=True, seed=seed,
                           balance_policy=spec.validation.balance)
         if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from validation.cost import bench_cost
             bench["cost"] = bench_cost(bench, spec, rendered)
         return bench
 
+    vs = spec.slo.vs_stable
+    live = stable_endpoint if vs is not None and vs.measure == "live" else None
+    live_stable: list[dict] = []
+
+    def measure(i: int, load, warmup: int, seed: int) -> dict:
+        """One look at load #i: on the candidate only, or interleaved with the serving stable slot."""
+        if live is None:
+            return bench_of(load, warmup, seed)
+        from validation import interleave
+
+        assert vs is not None
+        progress(f"[validate] load #{i} {load.profile}: candidate and stable interleaved "
+                 f"({vs.blocks} blocks each, slo.vs_stable.measure: live)")
+        cand, stab = interleave.measure(
+            lambda side, n, dur, w, k: bench_of(load, w, seed * 100 + k, endpoint if side == "candidate" else live,
+                                                n, dur),
+            load.requests if not load.duration_s else None, load.duration_s, warmup, vs.blocks, bool(load.trace))
+        if i < len(live_stable):
+            live_stable[i] = sequential.merge_bench(live_stable[i], stab)
+        else:
+            live_stable.append(stab)
+        _dump(run / f"stable-bench-{i}-{load.profile}.json", live_stable[i])
+        return cand
+
     benches = []
     for i, load in enumerate(spec.validation.load):
-        bench = bench_of(load, load.warmup_requests, 0)
+        bench = measure(i, load, load.warmup_requests, 0)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
+    if live is not None:
+        stable = live_stable
     matched = diffed = None
     want_diff = spec.validation.diff and release_file is not None
     want_golden = reference is None and spec.validation.golden_prompts > 0
@@ -189,7 +221,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             load = spec.validation.load[i]
             progress(f"[validate] load #{i} {load.profile} inconclusive: look {look} of "
                      f"{spec.slo.statistics.max_looks}, the same load again")
-            benches[i] = sequential.merge_bench(benches[i], bench_of(load, 0, look - 1))
+            benches[i] = sequential.merge_bench(benches[i], measure(i, load, 0, look - 1))
             _dump(run / f"bench-{i}-{load.profile}.json", benches[i])
         replaced = replaced_engines(endpoint, current()) if current else None
         decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look,
@@ -200,7 +232,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
         raise RunFolderError(run, exc) from exc
-    return {"decision": decision, "report": files, "golden": matched, "benches": benches, "diff": diffed}
+    return {"decision": decision, "report": files, "golden": matched, "benches": benches, "diff": diffed,
+            "stable_benches": live_stable if live is not None else None}
 
 
 def balance_advice(rendered: Rendered, benches: list[dict], run: Path, progress: Progress) -> list[str]:
@@ -276,12 +309,21 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
                                          spec.validation.golden_max_tokens, progress)
     baseline = stable_baseline(status.last_good if slot == "candidate" else record, progress)
     endpoint = target.endpoint(slot)  # type: ignore[arg-type]
+    # vs_stable measured live, beside the candidate: needs a stable slot that serves
+    stable_endpoint = None
+    vs = spec.slo.vs_stable
+    if (slot == "candidate" and vs is not None and vs.measure == "live" and status.stable.state == "ready"
+            and status.stable.release is not None):
+        stable_endpoint = target.endpoint("stable")
+    elif slot == "candidate" and vs is not None and vs.measure == "live":
+        progress(f"[validate] stable is {status.stable.state}, not serving: vs_stable uses the recorded baseline")
     progress(f"[validate] {slot} {record.short()} at {endpoint.base_url}")
     release_file = Path(rendered.overlay) / "release.yaml" if rendered is not None and rendered.overlay else None
     result = validate_candidate(endpoint, spec, run, progress, reference, baseline, api_key,
                                 lambda: target.endpoint(slot), rendered,  # type: ignore[arg-type]
                                 release_file=release_file,
-                                reference_server=lambda: target.reference_server(record, progress))
+                                reference_server=lambda: target.reference_server(record, progress),
+                                stable_endpoint=stable_endpoint)
     result["release"] = record.short()
     return result
 

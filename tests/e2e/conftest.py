@@ -100,7 +100,9 @@ def changed_overlay(tmp_path: Path, max_num_seqs: int, **spec_changes) -> Path:
     shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")
     path = tmp_path / "overlays" / "local"
     spec = yaml.safe_load((path / "release.yaml").read_text())
-    spec["decode"]["engine_kwargs"] = {"max_num_seqs": max_num_seqs}
+    # merged, not replaced: dropping decode's `dtype: float32` alone fails vLLM's NIXL handshake
+    # (the kv-compat rule in workflows/checks/kv_compat.py now refuses that before apply)
+    spec["decode"]["engine_kwargs"] = {**spec["decode"].get("engine_kwargs", {}), "max_num_seqs": max_num_seqs}
     spec["validation"]["load"] = [{"profile": "balanced", "concurrency": 2, "requests": 6, "warmup_requests": 1}]
     for dotted, value in spec_changes.items():
         *parents, last = dotted.split("__")

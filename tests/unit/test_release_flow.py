@@ -283,7 +283,8 @@ def test_a_promoted_release_records_its_baseline_and_the_next_candidate_is_compa
         target="recording", stable=SlotStatus(slot="stable", release=stable, state="ready"),
         candidate=SlotStatus(slot="candidate", release=target.candidate),
         last_good=stable.model_copy(update={"baseline": faster}))
-    edit(overlay, slo__vs_stable={"ttft_p90": 1.1})
+    # recorded: the baseline even though stable serves (measure: live is tests/unit/test_interleave.py)
+    edit(overlay, slo__vs_stable={"ttft_p90": 1.1, "measure": "recorded"})
     rendered = steps.load_release(str(overlay), None)
     target.candidate = steps.record_of(rendered, "next").model_copy(update={"colour": "green"})
     (tmp_path / "v").mkdir()

@@ -160,3 +160,18 @@ def test_digest_pinned_image_is_fine(rendered):
     r = rendered()
     _worker(r, "prefill")["image"] = "rayproject/ray-llm:2.60.0-py311-cu128@sha256:" + "a" * 64
     assert "image-pinned" not in _rules(r)
+
+
+@pytest.mark.parametrize("env", ["prod", "local"])
+def test_kv_compat_phases_whose_nixl_hash_would_differ(rendered, env):
+    # vLLM nixl/metadata.py compute_nixl_compatibility_hash: dtype is hashed, so a decode engine left
+    # at the default while prefill sets float32 (overlays/local) fails its handshake at deploy time
+    r = rendered(env)
+    assert "kv-compat" not in _rules(r)
+    r = _edit_serve(r, lambda a: a["decode_config"]["engine_kwargs"].update(dtype="float16"))
+    [f] = [f for f in lint(r) if f.rule == "kv-compat"]
+    assert "dtype" in f.field and f.file.endswith(f"overlays/{env}/release.yaml") and f.severity == "error"
+    # left unset on one side means vLLM's default: "auto" on both is the same hash
+    r = _edit_serve(rendered(env), lambda a: [a[f"{p}_config"]["engine_kwargs"].pop("dtype", None)
+                                              for p in ("prefill", "decode")])
+    assert "kv-compat" not in _rules(r)

@@ -346,7 +346,7 @@ def replicas_ignored(r: Rendered) -> Iterator[Finding]:
 def lint(r: Rendered) -> list[Finding]:
     # Rule families kept in modules of their own (zone placement, instance facts, model sizing)
     # register into RULES when imported; imported here, once this module is whole, to avoid a cycle.
-    from workflows.checks import instances, sizing, zone  # noqa: F401
+    from workflows.checks import instances, kv_compat, sizing, zone  # noqa: F401
     if r.rayservice is None:
         return [Finding("rayservice", "no RayService in the manifest", r.file, "", "render an overlay: pdops render OVERLAY")]
     if not _args(r):
