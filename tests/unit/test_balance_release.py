@@ -24,7 +24,9 @@ def queued(monkeypatch):
 
 
 def load(overlay):  # noqa: F811
-    edit(overlay, validation__load=[{"profile": "balanced", "concurrency": 12, "requests": 48, "warmup_requests": 0}])
+    # 16 in flight against one 50 ms prefill slot: ~15 wait there, three times the threshold (a client
+    # slowed by a busy machine keeps fewer in flight)
+    edit(overlay, validation__load=[{"profile": "balanced", "concurrency": 16, "requests": 64, "warmup_requests": 0}])
 
 
 def test_a_prefill_bound_candidate_is_reported_with_a_checked_patch(queued, overlay, tmp_path):  # noqa: F811
@@ -32,7 +34,7 @@ def test_a_prefill_bound_candidate_is_reported_with_a_checked_patch(queued, over
     out, folder = run(overlay, RecordingTarget(queued), tmp_path)
     assert out["verdict"] == "promote", out["reasons"]      # reported, not gated by default
     summary = (folder / "summary.md").read_text()
-    assert "## Phase balance" in summary and "**prefill-bound**" in summary
+    assert "## Phase balance" in summary and "**prefill-bound**" in summary, summary
     assert "## Advice (phase balance)" in summary and "release.yaml prefill.replicas: 1 -> " in summary
     patch = folder / "advice.patch"
     root = overlay.parent.parent
