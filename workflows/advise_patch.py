@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
 from pydantic import BaseModel
 
 from validation.balance import Balance
@@ -63,7 +64,6 @@ def _node_group_edits(overlay: Path, rendered: Rendered, c: PhaseChange, files: 
     """Set the group's pods in the overlay's patch that names the group; else a new node-groups patch."""
     kfile = overlay / "kustomization.yaml"
     files.setdefault(kfile, yaml_edit.read(kfile))
-    import yaml
     kustomization = yaml.safe_load(files[kfile]) or {}
     patches = [p.get("path") for p in kustomization.get("patches") or [] if isinstance(p, dict) and p.get("path")]
     patches += [p for p in kustomization.get("patchesStrategicMerge") or [] if isinstance(p, str)]
