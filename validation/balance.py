@@ -139,6 +139,31 @@ def judge(phases: dict[str, dict], policy: BalancePolicy | None = None) -> Balan
                    suggestion=_suggest(bound, policy))
 
 
+def trend_lines(benches: list[dict], stable: list[dict] | None) -> list[str]:
+    """Each run's queues against the same load's run in `stable` (the baseline recorded when the release
+    was promoted; for the canary, the stable release's own): how the balance moved since."""
+    from validation.gate import bench_label
+
+    def key(b: dict) -> tuple:
+        load = b.get("load") or {}
+        return b.get("profile"), load.get("concurrency"), load.get("rate"), load.get("trace")
+
+    earlier = {key(s): s for s in stable or [] if isinstance(s, dict) and s.get("balance")}
+    out = []
+    for i, b in enumerate(benches):
+        if not b.get("balance") or key(b) not in earlier:
+            continue
+        now, then = Balance.model_validate(b["balance"]), Balance.model_validate(earlier[key(b)]["balance"])
+        moves = [f"{n} waiting/engine {_num(then.phases[n].waiting_per_engine)} -> {_num(p.waiting_per_engine)}"
+                 for n, p in now.phases.items() if n in then.phases]
+        out.append(f"{bench_label(b, i)}: {then.verdict} -> {now.verdict} since the baseline run ({'; '.join(moves)})")
+    return out
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def markdown_lines(labels_and_benches: list[tuple[str, dict]]) -> list[str]:
     """The report's phase-balance table and verdicts, for runs that carry a `balance`."""
     runs = [(lab, Balance.model_validate(b["balance"])) for lab, b in labels_and_benches if b.get("balance")]

@@ -227,7 +227,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look,
                                balance_block=block)
     if rendered is not None and rendered.overlay is not None:
-        decision["advice"] = balance_advice(rendered, benches, run, progress)
+        decision["advice"] = balance_advice(rendered, benches, run, progress, stable)
     try:
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
@@ -236,10 +236,12 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             "stable_benches": live_stable if live is not None else None}
 
 
-def balance_advice(rendered: Rendered, benches: list[dict], run: Path, progress: Progress) -> list[str]:
+def balance_advice(rendered: Rendered, benches: list[dict], run: Path, progress: Progress,
+                   stable: list[dict] | None = None) -> list[str]:
     """`pdops advise` on the runs just made: the lines for the report, and RUN/advice.patch when a phase
-    queued and the change passes `pdops check`. Never fails the release: advice is a report."""
-    from validation.balance import Balance
+    queued and the change passes `pdops check`; then how each run's queues moved since the same load
+    in `stable` (the canary's trend). Never fails the release: advice is a report."""
+    from validation.balance import Balance, trend_lines
     from workflows.advise_patch import advise_runs
 
     runs = [(f"bench-{i}-{b.get('profile')}.json", Balance.model_validate(b["balance"]))
@@ -250,9 +252,10 @@ def balance_advice(rendered: Rendered, benches: list[dict], run: Path, progress:
         advice = advise_runs(Path(rendered.overlay or ""), runs, rendered=rendered)
         if advice.offered:
             _write(run / "advice.patch", advice.patch)
+        lines = advice.lines() + ([f"patch: {run / 'advice.patch'}"] if advice.offered else [])
     except (InputError, OSError, ValueError) as exc:
-        return [f"no advice: {exc}"]
-    lines = advice.lines() + ([f"patch: {run / 'advice.patch'}"] if advice.offered else [])
+        lines = [f"no advice: {exc}"]
+    lines += trend_lines(benches, stable)
     for line in lines:
         progress(f"[balance] {line}")
     return lines

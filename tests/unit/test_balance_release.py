@@ -10,6 +10,7 @@ import pytest
 from tests.fakes.known_timing_server import KnownTimingServer
 from tests.fakes.pd_queues import PDQueues
 from tests.unit.test_release_flow import RecordingTarget, edit, overlay, run  # noqa: F401 - fixture
+from workflows import steps
 from workflows.cli import main
 from workflows.targets.base import Endpoint
 
@@ -48,3 +49,19 @@ def test_validation_balance_block_rolls_back_an_imbalanced_candidate(queued, ove
     out, _ = run(overlay, RecordingTarget(queued), tmp_path)
     assert out["verdict"] == "rollback"
     assert any("prefill-bound" in r for r in out["reasons"]), out["reasons"]
+
+
+def test_the_canary_reports_how_the_queues_moved_since_promotion(queued, overlay, tmp_path):  # noqa: F811
+    load(overlay)
+    target = RecordingTarget(queued)
+    out, _ = run(overlay, target, tmp_path)
+    assert out["verdict"] == "promote" and target.baseline[0]["balance"]["verdict"] == "prefill-bound"
+    target.stable = target.stable.model_copy(update={"baseline": target.baseline, "verdict": "promote"})
+    rendered = steps.load_release(str(overlay), None)
+    (tmp_path / "canary").mkdir()
+    result = steps.validate_slot(target, rendered.spec, tmp_path / "canary", lambda m: None, slot="stable",
+                                 rendered=rendered)
+    assert result["decision"]["verdict"] == "promote"        # imbalance is reported, not blocking
+    trend = [a for a in result["decision"]["advice"] if "since the baseline run" in a]
+    assert trend and trend[0].startswith("#0 balanced c=16: prefill-bound -> prefill-bound"), result["decision"]["advice"]
+    assert "prefill waiting/engine" in trend[0] and trend[0] in (tmp_path / "canary" / "summary.md").read_text()
