@@ -320,6 +320,8 @@ class KnownTimingServer:
     def _dispatch(self, method: str, path: str, headers: dict, body: bytes, received: float) -> Reply | Stream:
         routes = {("GET", "/v1/models"): self._models, ("GET", "/metrics"): self._metrics,
                   ("GET", "/_timings"): self._timings,
+                  ("GET", "/metrics/prefill"): lambda h, b: self._phase_metrics("prefill"),
+                  ("GET", "/metrics/decode"): lambda h, b: self._phase_metrics("decode"),
                   ("POST", "/v1/chat/completions"): lambda h, b: self._handle(h, b, chat=True),
                   ("POST", "/v1/completions"): lambda h, b: self._handle(h, b, chat=False)}
         self._received = received
@@ -373,6 +375,11 @@ class KnownTimingServer:
                     f"vllm:{name}_count {len(vals)}"]
         text = "\n".join(out) + "\n" + (self.pd.metrics_text() if self.pd else "")
         return Reply(200, text.encode(), "text/plain; version=0.0.4")
+
+    def _phase_metrics(self, phase: str) -> Reply:
+        """One phase's engines only: what one worker pod exports on Kubernetes (a source tagged #phase)."""
+        text = self.pd.metrics_text(phase=phase) if self.pd else ""
+        return Reply(200 if self.pd else 404, text.encode(), "text/plain; version=0.0.4")
 
     @staticmethod
     def _prompt_tokens(text: str) -> int:

@@ -70,12 +70,15 @@ class PDQueues:
         return running - received
 
     # ---- /metrics ------------------------------------------------------------------------------
-    def metrics_text(self, now: float | None = None) -> str:
+    def metrics_text(self, now: float | None = None, phase: str | None = None) -> str:
+        """Every engine's series, or one phase's (as one Kubernetes worker pod's metrics agent shows)."""
         now = time.perf_counter() if now is None else now
         out: list[str] = []
-        for phase, engines in (("prefill", self.prefill_engines), ("decode", self.decode_engines)):
+        for name, engines in (("prefill", self.prefill_engines), ("decode", self.decode_engines)):
+            if phase not in (None, name):
+                continue
             for e in range(engines):
-                out += self._engine(phase, e, now)
+                out += self._engine(name, e, now)
         return "\n".join(out) + "\n"
 
     def _labels(self, phase: str, engine: int, **extra: str) -> str:

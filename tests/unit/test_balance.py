@@ -92,3 +92,15 @@ def test_engines_are_counted_per_replica_and_waiting_is_per_engine():
     pre = bal.phases["prefill"]
     assert (pre.engines, bal.phases["decode"].engines) == (2, 3)
     assert pre.waiting_per_engine == pytest.approx(pre.waiting_mean / 2)
+
+
+def test_per_pod_sources_tagged_by_phase_give_the_same_verdict():
+    """The Kubernetes target's shape: each worker pod's metrics agent is a source tagged #prefill or #decode."""
+    pd, prof = CASES["decode-bound"]
+    with KnownTimingServer(first_token_delay=0.0, inter_token_delay=0.005, tokens=64, pd=pd) as srv:
+        root = srv.base_url[:-3]
+        b = run_bench(srv.base_url, "fake-model", prof, concurrency=12, requests=60, sample_interval_s=0.2,
+                      metrics_url=f"{root}/metrics/prefill#prefill,{root}/metrics/decode#decode")
+    bal = Balance.model_validate(b["balance"])
+    assert bal.verdict == "decode-bound" and {p.engines for p in bal.phases.values()} == {1}
+    assert bal.phases["decode"].waiting_from == "gauges" and bal.phases["decode"].requests == 60
