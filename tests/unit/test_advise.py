@@ -116,3 +116,23 @@ def test_a_bad_bench_file_is_named_with_what_to_do(capsys, repo, tmp_path, conte
 def test_a_missing_bench_file_is_named(capsys, repo, tmp_path):
     rc, text = advise(capsys, repo / "overlays" / "dev", tmp_path / "nope.json")
     assert rc == 2 and "nope.json" in text and "cannot read the bench JSON" in text
+
+
+def test_autoscaling_that_had_room_gets_a_higher_floor(capsys, repo, tmp_path):
+    """prod decode autoscales 1..2; a run that queued on decode and wants 2 engines: the maximum
+    already allowed them, so the floor rises (the autoscaler did not scale in time)."""
+    from validation.balance import judge
+
+    base = {"engines": 1, "window_s": 30.0, "gauge_samples": 10}
+    bal = judge({"prefill": {**base, "phase": "prefill", "waiting_mean": 0.0, "running_mean": 2.0},
+                 "decode": {**base, "phase": "decode", "waiting_mean": 5.0, "running_mean": 10.0}})
+    assert bal.verdict == "decode-bound" and bal.suggestion.replicas == 2
+    run_file = tmp_path / "bench.json"
+    run_file.write_text(json.dumps({"wall_s": 30.0, "balance": bal.model_dump(mode="json")}))
+    patch = tmp_path / "advice.patch"
+    rc, text = advise(capsys, repo / "overlays" / "prod", run_file, out=patch)
+    assert rc == 0 and "min/max_replicas: 1/2 -> 2/2" in text, text
+    subprocess.run(["git", "apply", str(patch)], cwd=repo, check=True)
+    decode = yaml.safe_load((repo / "overlays/prod/release.yaml").read_text())["decode"]["autoscaling"]
+    assert (decode["min_replicas"], decode["max_replicas"]) == (2, 2)
+    assert main(["check", str(repo / "overlays" / "prod")]) == 0
