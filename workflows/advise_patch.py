@@ -63,7 +63,8 @@ def _group_path(group: str) -> list:
 def _node_group_edits(overlay: Path, rendered: Rendered, c: PhaseChange, files: dict[Path, str]) -> None:
     """Set the group's pods in the overlay's patch that names the group; else a new node-groups patch."""
     kfile = overlay / "kustomization.yaml"
-    files.setdefault(kfile, yaml_edit.read(kfile))
+    if kfile not in files:
+        files[kfile] = yaml_edit.read(kfile)
     kustomization = yaml.safe_load(files[kfile]) or {}
     patches = [p.get("path") for p in kustomization.get("patches") or [] if isinstance(p, dict) and p.get("path")]
     patches += [p for p in kustomization.get("patchesStrategicMerge") or [] if isinstance(p, str)]
@@ -71,7 +72,8 @@ def _node_group_edits(overlay: Path, rendered: Rendered, c: PhaseChange, files: 
     keys = ("maxReplicas",) if autoscaling else ("replicas", "minReplicas", "maxReplicas")
     for rel in patches:
         path = overlay / rel
-        files.setdefault(path, yaml_edit.read(path))
+        if path not in files:   # a patch written by an earlier change of this advice is not on disk yet
+            files[path] = yaml_edit.read(path)
         if yaml_edit.find(files[path], _group_path(c.group), str(path)) is not None:
             for key in keys:
                 files[path] = yaml_edit.set_value(files[path], _group_path(c.group), key, c.pods[1], str(path))

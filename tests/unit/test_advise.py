@@ -87,6 +87,18 @@ def test_the_local_overlay_gets_a_node_groups_patch_of_its_own(capsys, runs, rep
     assert pre["maxReplicas"] == replicas     # one prefill_node per CPU pod: a pod per engine
 
 
+def test_runs_bound_on_both_sides_grow_both_in_one_new_node_groups_patch(capsys, runs, repo, tmp_path):
+    patch = tmp_path / "advice.patch"
+    rc, text = advise(capsys, repo / "overlays" / "local", runs["prefill-bound"], runs["decode-bound"], out=patch)
+    assert rc == 0, text
+    subprocess.run(["git", "apply", str(patch)], cwd=repo, check=True)
+    assert main(["check", str(repo / "overlays" / "local")]) == 0
+    groups = yaml.safe_load((repo / "overlays/local/node-groups.yaml").read_text())["spec"]["rayClusterConfig"]
+    spec = yaml.safe_load((repo / "overlays/local/release.yaml").read_text())
+    assert {g["groupName"]: g["maxReplicas"] for g in groups["workerGroupSpecs"]} == {
+        "prefill": spec["prefill"]["replicas"], "decode": spec["decode"]["replicas"]}
+
+
 def test_balanced_runs_change_nothing(capsys, runs, repo, tmp_path):
     rc, text = advise(capsys, repo / "overlays" / "dev", runs["balanced"], out=tmp_path / "p")
     assert rc == 0 and "nothing to change" in text and not (tmp_path / "p").exists()
