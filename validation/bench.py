@@ -1,13 +1,15 @@
 """One benchmark run: profile -> load -> metrics + client health + server-side diff -> BenchReport."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import time
 from collections.abc import Callable
 from typing import Any
 
-from validation import loadgen, metrics, profiles, server_metrics, traces
+from validation import balance, loadgen, metrics, phase_load, profiles, server_metrics, traces
+from validation.config import BalancePolicy
 from validation.reports.bench import BenchReport, Quantiles
 
 
@@ -20,12 +22,16 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               metrics_phases: dict[str, dict[str, list[str]]] | None = None,
               progress: Callable[[str], None] | None = None, tokenizer: str | None = None,
               timeout: float = 600.0, metrics_lag_s: float = 0.0, trace: traces.Trace | None = None,
-              isolate: bool = False) -> BenchReport:
+              isolate: bool = False, balance_policy: BalancePolicy | None = None,
+              sample_interval_s: float | None = None) -> BenchReport:
     """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths.
     `metrics_lag_s`: how stale `metrics_url` can be (server_metrics.RAY_METRICS_LAG_S for Ray).
     `trace`: replay its arrivals and lengths (open loop) instead of the profile at a load.
     `isolate`: the load runs in a process of its own at a higher priority where permitted
-    (loadgen.run_workers), not in the caller's."""
+    (loadgen.run_workers), not in the caller's.
+    `balance_policy`: when a phase counts as queueing (validation/balance.py); the run's `balance`
+    needs per-phase metrics (tagged sources or `metrics_phases`), its gauges sampled every
+    `sample_interval_s` (default: 1 s, a quarter of `metrics_lag_s` when that is longer)."""
     if trace is not None:
         concurrency, rate, duration, requests = None, None, None, len(trace.requests)
     elif requests is None and duration is None:
@@ -59,13 +65,22 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
     # latency. Frozen objects are never scanned; new ones still are.
     gc.collect()
     gc.freeze()
-    try:
-        res = loadgen.run_workers(spec, workers, isolate) if workers > 1 or isolate else loadgen.run(spec)
-    finally:
-        gc.unfreeze()
-    m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms,
-                        open_loop=bool(rate) or trace is not None)
-    server = scraper.after(m["requests_ok"])
+    # the engines' queue and KV gauges during the load (validation/phase_load.py); on Ray, which
+    # exports every 10 s, four samples per export
+    sampler = phase_load.GaugeSampler(scraper, sample_interval_s or max(1.0, metrics_lag_s / 4)) \
+        if metrics_url else None
+    with sampler or contextlib.nullcontext():
+        load_started = time.time()
+        try:
+            res = loadgen.run_workers(spec, workers, isolate) if workers > 1 or isolate else loadgen.run(spec)
+        finally:
+            gc.unfreeze()
+        load_ended = time.time()
+        m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms,
+                            open_loop=bool(rate) or trace is not None)
+        server = scraper.after(m["requests_ok"])   # the sampler runs on: gauges lag as much as the rest
+    phases = phase_load.measure(scraper, sampler, load_started, load_ended, metrics_lag_s) \
+        if server and not server.get("error") else None
     out: dict[str, Any] = {
         "kind": "bench", "base_url": base_url, "model": model, "profile": profile.name,
         "profile_spec": {"prompt_tokens": profile.prompt_tokens, "output_tokens": profile.output_tokens,
@@ -80,6 +95,8 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
                     "prompts_from": f"tokenizer {tokenizer}" if tokenizer else "one word per token (no tokenizer)"},
         "server": server,
     }
+    if phases:
+        out["balance"] = balance.judge(phases, balance_policy).model_dump(mode="json")
     if keep_samples:
         out["samples"] = metrics.samples(res["records"])
     # why a figure is null (README "Reports"): the producer knows best; BenchReport fills the rest

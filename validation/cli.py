@@ -157,6 +157,8 @@ def cmd_bench(args) -> int:
         print(f"server: {res.server.error or ''}"
               + (f"kv tokens {num(kv.external_kv_prompt_tokens, '.0f')}, nixl failures "
                  f"{num(kv.nixl_failed_transfers, '.0f')}" if kv else ""))
+    if res.balance:   # the phases' queues (validation/balance.py); pdops advise takes this file
+        print(f"phase balance: {res.balance.get('verdict')}: " + "; ".join(res.balance.get("reasons") or []))
     if res.errors:
         print("errors: " + "; ".join(res.error_samples))
     _write_json(args.json, res)
@@ -214,7 +216,8 @@ def cmd_gate(args) -> int:
     from workflows.spec import load_spec
     release = Path(args.release)
     try:
-        slo = load_spec(release.parent).slo
+        spec = load_spec(release.parent)
+        slo = spec.slo
     except Exception as e:  # noqa: BLE001
         _err(f"cannot load release spec from {release.parent}: {e}")
         return 2
@@ -234,7 +237,8 @@ def cmd_gate(args) -> int:
         # one run of each load is all this command has: with inconclusive: extend it judges the
         # last planned look (the confidence is already corrected for max_looks), so unproven fails
         compat = CompatReport.model_validate(raw_compat) if raw_compat is not None else None
-        decision = gate.decide(compat, benches, slo, stable, look=slo.statistics.max_looks)
+        decision = gate.decide(compat, benches, slo, stable, look=slo.statistics.max_looks,
+                               balance_block=spec.validation.balance.block)
         files = report.write(args.out, decision, compat, benches)
     except (TypeError, ValueError, AttributeError, KeyError) as exc:   # JSON, but not a report's shape
         named = [f for f in (args.compat, *args.bench, args.stable_report) if f]

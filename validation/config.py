@@ -143,6 +143,19 @@ class CompatPolicy(_Strict):
 RepoFile = Annotated[str, Field(min_length=1, max_length=300, pattern=r"^[A-Za-z0-9_.-][A-Za-z0-9_./-]*$")]
 
 
+class BalancePolicy(_Strict):
+    """Phase balance (validation/balance.py, README "Phase balance"): when a phase counts as queueing,
+    and whether an imbalance blocks. Defaults are NVIDIA Dynamo's load-based planner's scale-up
+    thresholds (components/planner/src/dynamo/planner/defaults.py LoadPlannerDefaults)."""
+
+    # requests waiting for capacity per engine, time-averaged over the run (prefill_queue_scale_up_threshold)
+    queue_per_engine: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] = 5.0
+    # mean KV-cache usage of the decode engines (decode_kv_scale_up_threshold)
+    kv_usage: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.9
+    # an imbalanced run fails the gate (default: reported, with the advice, never blocking)
+    block: bool = False
+
+
 class Validation(_Strict):
     load: list[LoadProfile] = Field([LoadProfile()], min_length=1, max_length=16)
     compat: CompatPolicy = CompatPolicy()
@@ -158,3 +171,4 @@ class Validation(_Strict):
     known_divergences: RepoFile | None = None
     # Whether the release runs the differential suite where the target has a reference engine.
     diff: bool = True
+    balance: BalancePolicy = BalancePolicy()

@@ -60,12 +60,15 @@ def _q(summary: Quantiles | None, q: str) -> float | None:
 def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence[BenchReport | dict[str, Any]],
            slo: SLO, stable_in: Sequence[BenchReport | dict[str, Any]] | None = None,
            golden_in: GoldenReport | dict[str, Any] | None = None, replaced: list[str] | None = None,
-           diff: Any = None, look: int = 1) -> Decision:
+           diff: Any = None, look: int = 1,
+           balance_block: bool = False) -> Decision:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
     (the Kubernetes pipeline) do not run it. `replaced`: the candidate's engines that were replaced
     while it was validated, where the target can tell; a candidate that lost an engine is unproven
     even when its restarted engine then passed every check (measured: a killed prefill engine).
     `look`: which run of an extended validation this is (1 = the first; slo.statistics).
+    `balance_block`: a run whose phases are imbalanced fails (validation.balance.block); otherwise its
+    verdict is reported as a passing check.
     Reports may be given as the JSON dicts their producers wrote; they are read as models."""
     compat = CompatReport.coerce(compat_in) if compat_in is not None else None
     benches = [BenchReport.coerce(b) for b in benches_in]
@@ -175,6 +178,12 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
             ok = a is not None and a >= slo.min_slo_attainment
             add("slo_attainment", ok, f"{lab}: SLO attainment {a if a is None else f'{a:.1%}'} "
                 f"{'>=' if ok else '<'} {slo.min_slo_attainment:.1%}", lab, a, slo.min_slo_attainment)
+        if b.balance:   # phase balance (validation/balance.py): reported; blocks only when asked
+            verdict, why = b.balance.get("verdict"), "; ".join(b.balance.get("reasons") or [])
+            bound = verdict in ("prefill-bound", "decode-bound")
+            add("phase_balance", not (bound and balance_block), f"{lab}: {verdict}: {why}" + (
+                "" if not bound or balance_block else " (reported, not gated: validation.balance.block is false)"),
+                lab, None, "balanced" if balance_block else None)
         if slo.kv_transfer == "required":
             kv = b.server.kv if b.server is not None else None
             if kv is None:

@@ -245,6 +245,9 @@ class Scraper:
         self._before: str | None = None
         self._befores: dict[str, str] = {}
         self.error: str | None = None
+        # url -> text of the before and the last after scrape (validation/phase_load.py reads them)
+        self.before_texts: dict[str, str] | None = None
+        self.after_texts: dict[str, str] | None = None
 
     @property
     def _multi(self) -> bool:
@@ -260,15 +263,19 @@ class Scraper:
                     except Exception as e:  # noqa: BLE001
                         self.error = f"before scrape of {src.url}: {e}"
                 self._before = "" if self._befores else None
+                self.before_texts = dict(self._befores)
                 return
             try:
                 self._before = scrape(self.url)
+                self.before_texts = {self.url: self._before}
             except Exception as e:  # noqa: BLE001
                 self.error = f"before scrape: {e}"
 
     def _diff(self, url: str) -> tuple[dict, list[str]]:
         if not self._multi:
-            return diff(self._before or "", scrape(url), self.select, self.phases), []
+            text = scrape(url)
+            self.after_texts = {url: text}
+            return diff(self._before or "", text, self.select, self.phases), []
         after, failed = {}, []
         for src in self.sources:
             try:
@@ -277,6 +284,7 @@ class Scraper:
                 failed.append(f"{src.url}: {e}")
         if not after:
             raise RuntimeError("; ".join(failed))
+        self.after_texts = after
         return diff_sources(self._befores, after, {s.url: s.phase for s in self.sources}, self.select), failed
 
     def after(self, requests_ok: int = 0) -> dict | None:

@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib.util
 
     for module in ("workflows.release_cli", "workflows.validate_cli", "validation.cli", "workflows.argo",
-                   "workflows.adopt_cli"):  # commands owned by those modules
+                   "workflows.adopt_cli", "workflows.advise_patch"):  # commands owned by those modules
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module).register(sub)
     return parser

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,7 +164,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           metrics_phases=on.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
                           metrics_lag_s=on.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
-                          tokenizer=on.tokenizer, isolate=True, seed=seed)
+                          tokenizer=on.tokenizer, isolate=True, seed=seed,
+                          balance_policy=spec.validation.balance)
         if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from validation.cost import bench_cost
             bench.cost = bench_cost(bench, spec, rendered)
@@ -229,7 +230,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             except OSError as exc:
                 raise RunFolderError(run / "diff.json", exc) from exc
     replaced = replaced_engines(endpoint, current()) if current else None
-    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed)
+    block = spec.validation.balance.block
+    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, balance_block=block)
     look = 1
     # slo.statistics.inconclusive: extend, looks remaining (validation/sequential.py); after the reference
     # engine has stopped, so the extra loads have the machine the first ones had
@@ -242,13 +244,41 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             benches[i] = sequential.merge_bench(benches[i], measure(i, load, 0, look - 1))
             _dump(run / f"bench-{i}-{load.profile}.json", benches[i])
         replaced = replaced_engines(endpoint, current()) if current else None
-        decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look)
+        decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look,
+                               balance_block=block)
+    if rendered is not None and rendered.overlay is not None:
+        decision.advice = balance_advice(rendered, benches, run, progress, stable)
     try:
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
         raise RunFolderError(run, exc) from exc
     return Validation(decision=decision, report=files, golden=matched, benches=benches, diff=diffed,
                       stable_benches=live_stable if live is not None else None)
+
+
+def balance_advice(rendered: Rendered, benches: list[BenchReport], run: Path, progress: Progress,
+                   stable: Sequence[BenchReport | dict[str, Any]] | None = None) -> list[str]:
+    """`pdops advise` on the runs just made: the lines for the report, and RUN/advice.patch when a phase
+    queued and the change passes `pdops check`; then how each run's queues moved since the same load
+    in `stable` (the canary's trend). Never fails the release: advice is a report."""
+    from validation.balance import Balance, trend_lines
+    from workflows.advise_patch import advise_runs
+
+    runs = [(f"bench-{i}-{b.profile}.json", Balance.model_validate(b.balance))
+            for i, b in enumerate(benches) if b.balance]
+    if not runs:
+        return []
+    try:
+        advice = advise_runs(Path(rendered.overlay or ""), runs, rendered=rendered)
+        if advice.offered:
+            _write(run / "advice.patch", advice.patch)
+        lines = advice.lines() + ([f"patch: {run / 'advice.patch'}"] if advice.offered else [])
+    except (InputError, OSError, ValueError) as exc:
+        lines = [f"no advice: {exc}"]
+    lines += trend_lines(benches, stable)
+    for line in lines:
+        progress(f"[balance] {line}")
+    return lines
 
 
 def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[dict[str, Any]] | None:

@@ -16,6 +16,10 @@ cores. Three layers, one concern each:
 Every content write is stamped (`timings`, `/_timings`), and `/metrics` exports vLLM-named TTFT,
 ITL and TPOT histograms of those stamps, so server-side figures are known too.
 
+With `pd` (tests/fakes/pd_queues.PDQueues) each request passes a prefill and a decode stage of
+known capacity, so one side queues as set, and /metrics adds per-engine series as Ray's engines
+export them.
+
 "Broken" switches make it misbehave in one specific way each, so tests can prove the compat
 suite catches it.
 """
@@ -34,6 +38,8 @@ import uuid
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Iterator
+
+from tests.fakes.pd_queues import PDQueues
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -211,6 +217,8 @@ class KnownTimingServer:
     # A local HF tokenizer directory: prompt tokens are then counted as vLLM counts them (chat
     # through the chat template with the generation prompt), not one per word.
     tokenizer: str | None = None
+    # Prefill and decode stages of known capacity: requests queue on the side that is short.
+    pd: PDQueues | None = None
 
     port: int = 0
     # per response id: perf_counter times of receipt, role chunk, every content chunk write, and
@@ -312,8 +320,11 @@ class KnownTimingServer:
     def _dispatch(self, method: str, path: str, headers: dict, body: bytes, received: float) -> Reply | Stream:
         routes = {("GET", "/v1/models"): self._models, ("GET", "/metrics"): self._metrics,
                   ("GET", "/_timings"): self._timings,
+                  ("GET", "/metrics/prefill"): lambda h, b: self._phase_metrics("prefill"),
+                  ("GET", "/metrics/decode"): lambda h, b: self._phase_metrics("decode"),
                   ("POST", "/v1/chat/completions"): lambda h, b: self._handle(h, b, chat=True),
                   ("POST", "/v1/completions"): lambda h, b: self._handle(h, b, chat=False)}
+        self._received = received
         fn = routes.get((method, path))
         if fn is None:
             return _json(404, {"error": {"message": f"no route {method} {path}", "type": "NotFoundError",
@@ -362,7 +373,13 @@ class KnownTimingServer:
             out += [f'vllm:{name}_bucket{{le="{le}"}} {sum(v <= le for v in vals)}' for le in BUCKETS]
             out += [f'vllm:{name}_bucket{{le="+Inf"}} {len(vals)}', f"vllm:{name}_sum {sum(vals)}",
                     f"vllm:{name}_count {len(vals)}"]
-        return Reply(200, ("\n".join(out) + "\n").encode(), "text/plain; version=0.0.4")
+        text = "\n".join(out) + "\n" + (self.pd.metrics_text() if self.pd else "")
+        return Reply(200, text.encode(), "text/plain; version=0.0.4")
+
+    def _phase_metrics(self, phase: str) -> Reply:
+        """One phase's engines only: what one worker pod exports on Kubernetes (a source tagged #phase)."""
+        text = self.pd.metrics_text(phase=phase) if self.pd else ""
+        return Reply(200 if self.pd else 404, text.encode(), "text/plain; version=0.0.4")
 
     @staticmethod
     def _prompt_tokens(text: str) -> int:
@@ -492,6 +509,10 @@ class KnownTimingServer:
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
         plans = [self._plan(p, i) for i in range(p["n"])]
+        first = None
+        if self.pd:   # the first token waits for a prefill slot, then a decode slot
+            first = self.pd.admit(self._received, p["prompt_tokens"], max((len(t) for t, _ in plans), default=0),
+                                  self.inter_token_delay)
         if not body.get("stream"):
             choices = []
             for i, (toks, finish) in enumerate(plans):
@@ -506,11 +527,12 @@ class KnownTimingServer:
             if not self.broken.missing_usage:
                 out["usage"] = self._usage(p["prompt_tokens"], sum(len(t) for t, _ in plans))
             r = _json(200, out)
-            r.delay = self.first_token_delay + self.inter_token_delay * max(0, self.tokens - 1)
+            r.delay = (self.first_token_delay if first is None else first) + self.inter_token_delay * max(0, self.tokens - 1)
             return r
-        return Stream(rid, self._events(p, plans, chat, rid, created))
+        return Stream(rid, self._events(p, plans, chat, rid, created, first))
 
-    def _events(self, p: dict, plans: list, chat: bool, rid: str, created: int) -> Iterator:
+    def _events(self, p: dict, plans: list, chat: bool, rid: str, created: int,
+                first: float | None = None) -> Iterator:
         body = p["body"]
         cobj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -525,11 +547,12 @@ class KnownTimingServer:
                            for i in range(p["n"])], "role")
         maxlen = max((len(t) for t, _ in plans), default=0)
         tpc = max(1, self.tokens_per_chunk)
-        off = self.first_token_delay
+        first = self.first_token_delay if first is None else first
+        off = first
         jit = self._jitter(maxlen) if (self.ttft_spread or self.itl_spread or self.gap_spread) else None
         for ci, start in enumerate(range(0, maxlen, tpc)):
             # absolute schedule (no drift): chunk ci is due at first_token_delay + ci*tpc*inter_token_delay
-            off = self.first_token_delay + ci * tpc * self.inter_token_delay if jit is None else jit[ci * tpc]
+            off = first + ci * tpc * self.inter_token_delay if jit is None else jit[ci * tpc]
             choices = []
             for i, (toks, finish) in enumerate(plans):
                 piece = toks[start:start + tpc]

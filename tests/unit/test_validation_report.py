@@ -10,7 +10,7 @@ import pytest
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles, report
 from validation.cli import main, register
-from validation.config import SLO, PrefillSLO
+from validation.config import SLO, PrefillSLO, Validation
 from validation.gate import decide
 
 
@@ -79,7 +79,8 @@ def test_cli_bench_compat_gate(tmp_path, monkeypatch, capsys):
 
     import workflows.spec
     monkeypatch.setattr(workflows.spec, "load_spec",
-                        lambda p: SimpleNamespace(slo=SLO(prefill=PrefillSLO(ttft_p90_ms=500))))
+                        lambda p: SimpleNamespace(slo=SLO(prefill=PrefillSLO(ttft_p90_ms=500)),
+                                                  validation=Validation(), name="pd-llm"))
     rc = main(["gate", "--compat", str(tmp_path / "c.json"), "--bench", str(tmp_path / "b.json"),
                "--release", str(tmp_path / "release.yaml"), "--out", str(tmp_path / "out")])
     # KV transfer is required by default and the fake shows none: rollback

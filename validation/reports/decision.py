@@ -40,6 +40,8 @@ class Decision(ReportModel):
     inconclusive: int = 0
     look: int = 1
     extend: list[int] = Field(default_factory=list)   # benches to run again (slo.statistics: extend)
+    # pdops advise on the runs (validation/balance.py, workflows/advise_patch.py): report lines, never a gate
+    advice: list[str] = Field(default_factory=list)
 
     @classmethod
     def of(cls, checks: list[Check], look: int, extend: set[int]) -> Decision:
