@@ -158,3 +158,7 @@ class Validation(_Strict):
     known_divergences: RepoFile | None = None
     # Whether the release runs the differential suite where the target has a reference engine.
     diff: bool = True
+    # The single-engine reference golden tokens and the diff compare with: `rayservice`, the target's
+    # own (Kubernetes: a short-lived RayService of one decode pod; local: a plain vLLM engine), or
+    # `none` (both checks reported skipped, e.g. a cluster with no room for one more decode pod).
+    reference: Literal["rayservice", "none"] = "rayservice"

@@ -54,12 +54,14 @@ def _key(b: dict) -> tuple:
 
 def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None,
            golden: dict | None = None, replaced: list[str] | None = None, diff: dict | None = None,
-           look: int = 1) -> dict:
+           look: int = 1, skipped: dict[str, str] | None = None) -> dict:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
-    (the Kubernetes pipeline) do not run it. `replaced`: the candidate's engines that were replaced
+    (or a `skipped` one) do not run it. `replaced`: the candidate's engines that were replaced
     while it was validated, where the target can tell; a candidate that lost an engine is unproven
     even when its restarted engine then passed every check (measured: a killed prefill engine).
-    `look`: which run of an extended validation this is (1 = the first; slo.statistics)."""
+    `look`: which run of an extended validation this is (1 = the first; slo.statistics).
+    `skipped`: check name -> why it could not run (no reference engine this time): listed, verdict
+    `skipped`, not blocking, so a skip is never mistaken for a pass."""
     checks: list[dict] = []
     st = slo.statistics
     extend: set[int] = set()
@@ -99,6 +101,10 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
     if diff is not None:  # pdops diff (validation/diff/): P/D vs single engine, unexpected divergences block
         from validation.diff.release import gate_check
         add("diff", *gate_check(diff))
+
+    for name, why in (skipped or {}).items():
+        add(name, True, f"{name.replace('_', ' ')} skipped: {why}")
+        checks[-1]["verdict"] = "skipped"
 
     if replaced is not None:
         add("engines_stable", not replaced, "engines replaced during validation: " + "; ".join(replaced)

@@ -15,6 +15,8 @@ from workflows.names import (ENV_NAMESPACES, EXECUTOR_ROLE, PART_OF, SENSOR_SERV
                              WORKFLOW_NAMESPACE)
 
 RELEASE_RULES: list[dict[str, Any]] = [
+    # rayservices also cover the single-engine reference `<name>-reference` the validate step applies,
+    # lists (by label) and deletes; configmaps its golden-answer cache (targets/kube/reference.py)
     {"apiGroups": ["ray.io"], "resources": ["rayservices"],
      "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
     {"apiGroups": ["ray.io"], "resources": ["rayservices/status"], "verbs": ["get"]},

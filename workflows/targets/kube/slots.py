@@ -99,6 +99,8 @@ class Slots:
             done.append(f"dropped candidate {candidate.short()} ({candidate.colour})")
         done.append(self._restore_previous(state, reasons, report, progress) if to_previous
                     else self._ensure_stable(state, progress))
+        if not self.dry_run and (gone := self.remove_references(progress, "rollback")):   # a killed validate's
+            done.append(f"removed leftover reference {', '.join(gone)}")
         return "; ".join(done)
 
     # ---- paths ----
