@@ -22,8 +22,9 @@ import yaml
 
 from tests.conftest import ROOT, SCHEMAS
 from tests.fakes.diff_fake import DiffFake, Plant
-from tests.kube_support import LOCAL_NS, Lines, cluster, manifests  # noqa: F401
-from tests.kube_support import eventually, live, record as _record, target as _target
+from tests.kube_support import LOCAL_NS, Lines, cluster, eventually, live, manifests  # noqa: F401
+from tests.kube_support import record as _record
+from tests.kube_support import target as _target
 from workflows import steps
 from workflows.checks.schema import validate_objects
 from workflows.manifest import render
@@ -184,9 +185,8 @@ def test_a_reference_left_by_a_killed_run_is_reported_and_removed_by_the_next_ru
 def test_rollback_and_an_interrupt_leave_no_reference_behind(dns, manifests):
     """Emulated: Ctrl-C inside the reference block; then a killed run's leftover and `pdops rollback`."""
     target, rec = _candidate(dns, manifests)
-    with pytest.raises(KeyboardInterrupt):
-        with target.reference_server(rec, Lines()):
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), target.reference_server(rec, Lines()):
+        raise KeyboardInterrupt
     assert REF not in dns.objects("rayservices")
     killed = target.reference_server(rec, Lines())
     killed.__enter__()

@@ -46,7 +46,7 @@ def save(kube: Kube, release: str, k: str, answers: list[dict]) -> str:
     if len(text) > ENTRY_LIMIT:
         return f"not cached: {len(text)} bytes of answers, over {ENTRY_LIMIT}"
     cm = kube.get("ConfigMap", name(release))
-    data = dict(((cm or {}).get("data") or {}))
+    data = dict((cm or {}).get("data") or {})
     data[f"{k}.json"] = text
 
     def saved_at(item: tuple[str, str]) -> float:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -92,6 +92,9 @@ class References:
     poll_s: float
     reference_timeout_s: float
     _reference_skips: dict[str, str]
+    _check_lock: Callable[[], None]
+    _wait_gone: Callable[..., None]
+    _room: Callable[..., list[str]]
 
     @contextmanager
     def reference_server(self, record: ReleaseRecord, progress: Progress) -> Iterator[str | Skipped]:
