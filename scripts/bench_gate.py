@@ -65,16 +65,58 @@ def bare(b: dict) -> dict:
 def release(rng, n: int, a, slo_old: SLO, slo_new: SLO, slo_ext: SLO, ttft_x: float, itl_x: float) -> tuple:
     """(old rolls back, new rolls back, new+extend rolls back, requests per side used by extend)."""
     st, cand = draw(rng, n, a), draw(rng, n, a, ttft_x, itl_x)
-    old = gate.decide(COMPAT, [bare(cand)], slo_old, [bare(st)])["verdict"] == "rollback"
-    new = gate.decide(COMPAT, [cand], slo_new, [st])["verdict"] == "rollback"
+    old = gate.decide(COMPAT, [bare(cand)], slo_old, [bare(st)]).verdict == "rollback"
+    new = gate.decide(COMPAT, [cand], slo_new, [st]).verdict == "rollback"
     used, look = n, 1
     while True:
         d = gate.decide(COMPAT, [cand], slo_ext, [st], look=look)
-        if not d["extend"]:
+        if not d.extend:
             break
         look += 1
         st, cand, used = merge(st, draw(rng, n, a)), merge(cand, draw(rng, n, a, ttft_x, itl_x)), used + n
-    return old, new, d["verdict"] == "rollback", used
+    return old, new, d.verdict == "rollback", used
+
+
+def drifting_release(rng, n: int, a, slo: SLO, cand_x: float, mode: str) -> bool:
+    """One release on a machine that drifts (True: rolled back). The machine is `a.drift_days` slower
+    than when the stable baseline was recorded, and slows by `a.drift_within` more from the start of
+    the release's load to its end (both sides' requests count as time). mode: `recorded` (the
+    candidate against the baseline of an earlier day), `ab` (stable measured live after the
+    candidate), `abba` (live, interleaved by validation.interleave.measure as a release does)."""
+    from validation import interleave
+
+    total = n if mode == "recorded" else 2 * n
+    sent = {"n": 0}
+
+    def run(side: str, k: int, *_: object) -> dict:
+        t = (sent["n"] + np.arange(k)) / total
+        sent["n"] += k
+        x = (1 + a.drift_days) * (1 + a.drift_within * t) * (cand_x if side == "candidate" else 1.0)
+        b = draw(rng, k, a, x, x)
+        return {**b, "requests_total": k, "goodput_requests": k, "wall_s": 1.0}
+
+    if mode == "recorded":
+        stable, cand = draw(rng, n, a), run("candidate", n)
+    else:
+        cand, stable = interleave.measure(lambda side, k, _d, _w, _b: run(side, k), n, None, 0,
+                                          4 if mode == "abba" else 1)
+    return gate.decide(COMPAT, [cand], slo, [stable]).verdict == "rollback"
+
+
+def drift_table(a, slo: SLO, rng) -> None:
+    print(f"\n# machine drift: {a.drift_days:.0%} slower than when the baseline was recorded, "
+          f"+{a.drift_within:.0%} more over the release's load; new gate (confidence {a.confidence}); "
+          f"{a.releases} releases per cell")
+    print("# rollback rate: recorded baseline / live C-then-S / live interleaved C S S C (4 blocks)")
+    print("| scenario | " + " | ".join(f"N={n}" for n in a.requests) + " |")
+    print("| --- |" + " --- |" * len(a.requests))
+    for name, x in (("A/A (false rollback)", 1.0), ("TTFT+ITL +15%", 1.15), ("TTFT+ITL +25%", 1.25)):
+        cells = []
+        for n in a.requests:
+            rates = [np.mean([drifting_release(rng, n, a, slo, x, m) for _ in range(a.releases)])
+                     for m in ("recorded", "ab", "abba")]
+            cells.append(" / ".join(f"{r:.1%}" for r in rates))
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 
 def through_fake(k: int, a) -> None:
@@ -96,10 +138,10 @@ def through_fake(k: int, a) -> None:
                 runs.append(run_bench(srv.base_url, srv.model, profiles.get("balanced"), concurrency=8,
                                       requests=a.fake_requests, seed=seed))
         d = gate.decide(COMPAT, [runs[1]], slo, [runs[0]])
-        vs = [c for c in d["checks"] if c["check"].startswith("vs_stable")]
-        print(f"fake release {i + 1}: candidate TTFT x{x:.2f}, {a.fake_requests} requests each -> {d['verdict']}")
+        vs = [c for c in d.checks if c.check.startswith("vs_stable")]
+        print(f"fake release {i + 1}: candidate TTFT x{x:.2f}, {a.fake_requests} requests each -> {d.verdict}")
         for c in vs:
-            print(f"    {c['check']}: {c.get('verdict')}: {c['message'][:160]}")
+            print(f"    {c.check}: {c.verdict}: {c.message[:160]}")
 
 
 def main() -> int:
@@ -119,6 +161,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--through-fake", type=int, default=0, help="first run this many releases through the fake")
     ap.add_argument("--fake-requests", type=int, default=64)
+    ap.add_argument("--drift-days", type=float, default=0.0,
+                    help="with --drift-within: also print recorded vs live stable on a drifting machine")
+    ap.add_argument("--drift-within", type=float, default=0.0, help="slow-down over one release's load")
+    ap.add_argument("--only-drift", action="store_true", help="print only the drift table")
     a = ap.parse_args()
     if a.through_fake:
         through_fake(a.through_fake, a)
@@ -130,6 +176,9 @@ def main() -> int:
     slo_new = SLO(**base, statistics=Statistics(confidence=a.confidence))
     slo_ext = SLO(**base, statistics=Statistics(confidence=a.confidence, inconclusive="extend", max_looks=a.looks))
     rng = np.random.default_rng(a.seed)
+    if a.only_drift:
+        drift_table(a, slo_new, rng)
+        return 0
     scen = [("A/A (false rollback)", 1.0, 1.0)] + [(f"TTFT +{r:.0%}", 1 + r, 1.0) for r in REGRESSIONS] + \
         [(f"ITL +{r:.0%}", 1.0, 1 + r) for r in REGRESSIONS]
     print(f"# {a.releases} releases per cell; vs_stable factor {a.factor} on TTFT, TPOT, ITL p90; confidence "
@@ -147,6 +196,8 @@ def main() -> int:
             cells.append(f"{res[:, 0].mean():.1%} / {res[:, 1].mean():.1%} / {res[:, 2].mean():.1%} "
                          f"({res[:, 3].mean():.0f})")
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    if a.drift_days or a.drift_within:
+        drift_table(a, slo_new, rng)
     print(f"# {time.time() - t0:.0f} s", file=sys.stderr)
     return 0
 

@@ -119,7 +119,8 @@ def main() -> int:
                              {"enforce_eager": True, "max_model_len": 1024}) as ref:
             ref.wait_ready(lambda m: None)
             single = run_bench(ref.base_url, "pdops-tiny", profiles.get(load["profile"]),
-                               concurrency=load["concurrency"], requests=load["requests"], warmup=load["warmup_requests"])
+                               concurrency=load["concurrency"], requests=load["requests"],
+                               warmup=load["warmup_requests"]).json_data()   # read like the run's bench JSON
         print(f"\nP/D vs single engine, {load['profile']} c={load['concurrency']} x{load['requests']} (client, ms)")
         print("                      TTFT p50  TTFT p90  TPOT p50  TPOT p90")
         for label, b in (("Ray Serve LLM P/D", bench), ("single vLLM engine", single)):

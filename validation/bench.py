@@ -1,12 +1,13 @@
-"""One benchmark run: profile -> load -> metrics + client health + server-side diff -> JSON dict."""
+"""One benchmark run: profile -> load -> metrics + client health + server-side diff -> BenchReport."""
 from __future__ import annotations
 
 import dataclasses
 import gc
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from validation import loadgen, metrics, profiles, server_metrics, traces
+from validation.reports.bench import BenchReport, Quantiles
 
 
 def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency: int | None = None,
@@ -18,7 +19,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               metrics_phases: dict[str, dict[str, list[str]]] | None = None,
               progress: Callable[[str], None] | None = None, tokenizer: str | None = None,
               timeout: float = 600.0, metrics_lag_s: float = 0.0, trace: traces.Trace | None = None,
-              isolate: bool = False) -> dict:
+              isolate: bool = False) -> BenchReport:
     """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths.
     `metrics_lag_s`: how stale `metrics_url` can be (server_metrics.RAY_METRICS_LAG_S for Ray).
     `trace`: replay its arrivals and lengths (open loop) instead of the profile at a load.
@@ -64,7 +65,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
     m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms,
                         open_loop=bool(rate) or trace is not None)
     server = scraper.after(m["requests_ok"])
-    out = {
+    out: dict[str, Any] = {
         "kind": "bench", "base_url": base_url, "model": model, "profile": profile.name,
         "profile_spec": {"prompt_tokens": profile.prompt_tokens, "output_tokens": profile.output_tokens,
                          "distribution": profile.distribution, "spread": profile.spread},
@@ -80,11 +81,20 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
     }
     if keep_samples:
         out["samples"] = metrics.samples(res["records"])
+    # why a figure is null (README "Reports"): the producer knows best; BenchReport fills the rest
+    missing = out["missing"]
+    if server is None:
+        missing["server"] = "no metrics URL given: the server's metrics were not scraped"
+    elif server.get("error"):
+        missing["server"] = f"server metrics not scraped: {server['error']}"
+    if out["lengths"]["prompt_ratio_mean"] is None:
+        missing["lengths.prompt_ratio_mean"] = "no answer carried usage.prompt_tokens"
+    report = BenchReport.model_validate(out)
     if progress:
-        t = m["ttft_ms"]
-        progress(f"[bench] done: {m['requests_ok']} ok, {m['errors']} errors, TTFT p50 {_ms(t['p50'])} "
-                 f"p99 {_ms(t['p99'])}")
-    return out
+        t = report.ttft_ms or Quantiles()
+        progress(f"[bench] done: {report.requests_ok} ok, {report.errors} errors, TTFT p50 {_ms(t.p50)} "
+                 f"p99 {_ms(t.p99)}")
+    return report
 
 
 def _ms(value: float | None) -> str:

@@ -7,21 +7,30 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from pydantic import BaseModel
+
+from validation.reports.base import ReportModel
 from workflows.errors import InputError
+
+if TYPE_CHECKING:
+    from validation.reports.bench import BenchReport
 
 
 def _err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _write_json(path: str | None, data: dict) -> None:
+def _write_json(path: str | None, data: ReportModel | BaseModel | dict[str, Any]) -> None:
     if path:
         p = Path(path)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps(data, indent=2, default=str))
+            p.write_text(data.to_json() if isinstance(data, ReportModel) else
+                         data.model_dump_json(indent=2) if isinstance(data, BaseModel) else
+                         json.dumps(data, indent=2, default=str))
         except OSError as exc:
             raise InputError(p, "", f"cannot write: {exc.strerror}") from None
         _err(f"wrote {p}")
@@ -83,13 +92,14 @@ def cmd_compat(args) -> int:
                      api_key_required=args.api_key_required or bool(api_key), only=only, progress=_err)
     print(compat.table(res))
     _write_json(args.json, res)
-    return 0 if res["ok"] else 1
+    return 0 if res.ok else 1
 
 
 # ---- bench ----------------------------------------------------------------------------------
 def cmd_bench(args) -> int:
     from validation import profiles
     from validation.bench import run_bench
+    from validation.reports.bench import Quantiles
     from validation.server_metrics import side_by_side
     if args.profile:
         try:
@@ -111,38 +121,43 @@ def cmd_bench(args) -> int:
                     goodput_ttft_ms=args.goodput_ttft_ms, goodput_tpot_ms=args.goodput_tpot_ms,
                     seed=args.seed, workers=args.workers, progress=_err, tokenizer=args.tokenizer,
                     metrics_lag_s=args.metrics_lag_s)
-    print(f"profile {res['profile']}  load {res['load']['mode']} "
+    print(f"profile {res.profile}  load {res.load.mode} "
           f"{'c=' + str(args.concurrency) if args.concurrency else f'rate={args.rate}/s'}  "
-          f"ok {res['requests_ok']}  errors {res['errors']}  wall {res['wall_s']:.1f}s")
+          f"ok {res.requests_ok}  errors {res.errors}  wall {_fmt(res.wall_s)}s")
     print(f"{'metric':8} {'mean':>8} {'p50':>8} {'p90':>8} {'p95':>8} {'p99':>8} {'max':>8}  (ms)")
     for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-        s = res[k]
-        print(f"{k[:-3]:8} " + " ".join(f"{_fmt(s[q]):>8}" for q in ("mean", "p50", "p90", "p95", "p99", "max")))
-    tpc = res["tokens_per_chunk"]["mean"]
+        s = getattr(res, k) or Quantiles()
+        print(f"{k[:-3]:8} " + " ".join(f"{_fmt(getattr(s, q)):>8}" for q in ("mean", "p50", "p90", "p95", "p99", "max")))
+    tpc = res.tokens_per_chunk.mean if res.tokens_per_chunk else None
     print(f"tokens per chunk {_fmt(tpc)}" + ("  -> ITL above is CHUNK-level (the server batches its stream); "
-                                           "use TPOT and the server's ITL histogram" if res["itl_level"] == "chunk" else ""))
+                                           "use TPOT and the server's ITL histogram" if res.itl_level == "chunk" else ""))
     rows = side_by_side(res)
     for r in rows:
         print(f"{r['phase']:8} client p50/p90/p99 " + "/".join(_fmt(r[f"client_{q}"]) for q in ("p50", "p90", "p99"))
               + "  server " + "/".join(_fmt(r[f"server_{q}"]) for q in ("p50", "p90", "p99")) + f"  ({r['metric']})")
-    print(f"throughput {res['request_throughput_rps']:.2f} req/s, {res['output_token_throughput_tps']:.1f} tok/s; "
-          f"goodput {res['goodput_rps']:.2f} req/s (attainment {res['slo_attainment']:.1%})")
-    ch = res["client_health"]
-    print(f"client: loop lag p99 {ch['loop_lag_ms']['p99']:.1f} ms, CPU mean {ch['cpu_percent']['mean']:.0f}%"
-          + ("  CLIENT BOTTLENECK: " + "; ".join(ch["reasons"]) if ch["client_bottleneck"] else ""))
-    ln = res["lengths"]
-    print(f"prompt tokens served/requested {ln['prompt_ratio_mean']:.2f}x ({ln['prompts_from']})"
-          if ln["prompt_ratio_mean"] is not None else f"prompt lengths unverified: no usage ({ln['prompts_from']})")
-    if ln["output_mismatches"] or ln["prompt_mismatch"]:
-        print(f"length mismatch: {ln}")
-    if res["server"]:
-        kv = res["server"].get("kv")
-        print(f"server: {res['server'].get('error') or ''}"
-              + (f"kv tokens {kv['external_kv_prompt_tokens']:.0f}, nixl failures {kv['nixl_failed_transfers']:.0f}" if kv else ""))
-    if res["errors"]:
-        print("errors: " + "; ".join(res["error_samples"]))
+    num = lambda v, spec: "-" if v is None else format(v, spec)   # noqa: E731
+    print(f"throughput {num(res.request_throughput_rps, '.2f')} req/s, {num(res.output_token_throughput_tps, '.1f')} "
+          f"tok/s; goodput {num(res.goodput_rps, '.2f')} req/s (attainment {num(res.slo_attainment, '.1%')})")
+    ch = res.client_health
+    lag = ch.loop_lag_ms.p99 if ch.loop_lag_ms else None
+    cpu = ch.cpu_percent.mean if ch.cpu_percent else None
+    print(f"client: loop lag p99 {num(lag, '.1f')} ms, CPU mean {num(cpu, '.0f')}%"
+          + ("  CLIENT BOTTLENECK: " + "; ".join(ch.reasons) if ch.client_bottleneck else ""))
+    ln = res.lengths
+    if ln is not None:
+        print(f"prompt tokens served/requested {ln.prompt_ratio_mean:.2f}x ({ln.prompts_from})"
+              if ln.prompt_ratio_mean is not None else f"prompt lengths unverified: no usage ({ln.prompts_from})")
+        if ln.output_mismatches or ln.prompt_mismatch:
+            print(f"length mismatch: {ln.model_dump(mode='json')}")
+    if res.server is not None:
+        kv = res.server.kv
+        print(f"server: {res.server.error or ''}"
+              + (f"kv tokens {num(kv.external_kv_prompt_tokens, '.0f')}, nixl failures "
+                 f"{num(kv.nixl_failed_transfers, '.0f')}" if kv else ""))
+    if res.errors:
+        print("errors: " + "; ".join(res.error_samples))
     _write_json(args.json, res)
-    if res["requests_ok"] == 0:
+    if not res.requests_ok:
         return 1
     return 0
 
@@ -167,7 +182,13 @@ def _load(path: str) -> dict | list:
     return data
 
 
-def _benches_of(obj, path: str) -> list[dict]:
+def _benches_of(obj: dict[str, Any] | list[Any], path: str) -> list[BenchReport]:
+    """The bench reports of a file: one, a list, or a run's report.json; read as BenchReport, so a
+    file of another shape is bad input naming the file and the first field that does not fit."""
+    from pydantic import ValidationError
+
+    from validation.reports.bench import BenchReport
+
     if isinstance(obj, list):
         benches = obj
     elif obj.get("kind") == "bench":
@@ -176,11 +197,17 @@ def _benches_of(obj, path: str) -> list[dict]:
         benches = obj.get("benches", [])
     if not isinstance(benches, list) or not all(isinstance(b, dict) for b in benches):
         raise InputError(path, "", "expected a bench report (JSON object), a list of them, or {\"benches\": [...]}")
-    return benches
+    try:
+        return [BenchReport.model_validate(b) for b in benches]
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise InputError(path, "", f"not reports `pdops compat/bench --json` wrote: {'.'.join(map(str, e['loc']))}: "
+                         f"{e['msg']}", "pass the files those commands wrote") from None
 
 
 def cmd_gate(args) -> int:
     from validation import gate, report
+    from validation.reports.compat import CompatReport
     from workflows.spec import load_spec
     release = Path(args.release)
     try:
@@ -188,8 +215,8 @@ def cmd_gate(args) -> int:
     except Exception as e:  # noqa: BLE001
         _err(f"cannot load release spec from {release.parent}: {e}")
         return 2
-    compat = _load(args.compat) if args.compat else None
-    if compat is not None and not isinstance(compat, dict):
+    raw_compat = _load(args.compat) if args.compat else None
+    if raw_compat is not None and not isinstance(raw_compat, dict):
         raise InputError(args.compat, "", "expected the JSON object `pdops compat --json` writes, got a list")
     benches = [b for f in args.bench for b in _benches_of(_load(f), f)]
     stable = _benches_of(_load(args.stable_report), args.stable_report) if args.stable_report else None
@@ -203,19 +230,20 @@ def cmd_gate(args) -> int:
             _err(unpriced)
         # one run of each load is all this command has: with inconclusive: extend it judges the
         # last planned look (the confidence is already corrected for max_looks), so unproven fails
+        compat = CompatReport.model_validate(raw_compat) if raw_compat is not None else None
         decision = gate.decide(compat, benches, slo, stable, look=slo.statistics.max_looks)
         files = report.write(args.out, decision, compat, benches)
     except (TypeError, ValueError, AttributeError, KeyError) as exc:   # JSON, but not a report's shape
         named = [f for f in (args.compat, *args.bench, args.stable_report) if f]
         raise InputError(", ".join(named), "", f"not reports `pdops compat/bench --json` wrote: "
                          f"{type(exc).__name__}: {exc}", "pass the files those commands wrote") from None
-    print(f"verdict: {decision['verdict']}")
-    for r in decision["reasons"]:
+    print(f"verdict: {decision.verdict}")
+    for r in decision.reasons:
         print(f"  - {r}")
-    _err(f"report: {files['markdown']}")
+    _err(f"report: {files.markdown}")
     if args.json:
         _write_json(args.json, decision)
-    return 0 if decision["verdict"] == "promote" else 1
+    return 0 if decision.verdict == "promote" else 1
 
 
 def cmd_plan_load(args) -> int:
@@ -251,7 +279,7 @@ def cmd_plan_load(args) -> int:
           f"requests for a p90, {plan.quantile_min_requests(0.99, st.confidence)} for a p99")
     rc = 1
     for i, b in enumerate(benches):
-        print(f"\npilot {bench_label(b, i)}: {b.get('requests_ok')} requests")
+        print(f"\npilot {bench_label(b, i)}: {b.requests_ok} requests")
         print("| phase | sigma of log | smallest detectable regression at this size | requests/side to detect it "
               "| the gate's rule: requests/side (factor) |")
         print("| --- | --- | --- | --- | --- |")
@@ -335,6 +363,8 @@ def register(sub) -> None:
 
     from validation.diff.command import register as register_diff  # `pdops diff` (validation/diff/)
     register_diff(sub)
+    from validation.reports.schema import register as register_schema  # `pdops schema` (validation/schemas/)
+    register_schema(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import aiohttp
 import openai
 
+from validation.reports.compat import CompatCase, CompatReport, Status
+
 PROMPT = "Write a few words about the sea."
 MAXTOK = 8
 
@@ -407,8 +409,8 @@ CASES: dict[str, Callable[[Ctx], Any]] = {
 
 async def run_suite(base_url: str, model: str, api_key: str | None = None, optional: list[str] = (),
                     api_key_required: bool = False, only: list[str] | None = None,
-                    progress: Callable[[str], None] | None = None, timeout: float = 60.0) -> dict:
-    results = []
+                    progress: Callable[[str], None] | None = None, timeout: float = 60.0) -> CompatReport:
+    results: list[CompatCase] = []
     cache: dict = {}
     clients: dict = {}
     for name, fn in CASES.items():
@@ -417,7 +419,8 @@ async def run_suite(base_url: str, model: str, api_key: str | None = None, optio
         ctx = Ctx(base_url=base_url, model=model, api_key=api_key, api_key_required=api_key_required,
                   cache=cache, clients=clients, timeout=timeout)
         t = time.perf_counter()
-        status, detail = "pass", ""
+        status: Status = "pass"
+        detail = ""
         try:
             await fn(ctx)
         except Skip as e:
@@ -429,23 +432,18 @@ async def run_suite(base_url: str, model: str, api_key: str | None = None, optio
         except Exception as e:  # noqa: BLE001
             status, detail = "fail", f"{type(e).__name__}: {e}"[:400]
             ctx.evidence.setdefault("traceback", traceback.format_exc(limit=3)[-600:])
-        r = {"name": name, "status": status, "required": name not in optional, "detail": detail,
-             "duration_s": round(time.perf_counter() - t, 3), "evidence": ctx.evidence}
+        r = CompatCase(name=name, status=status, required=name not in optional, detail=detail,
+                       duration_s=round(time.perf_counter() - t, 3), evidence=ctx.evidence)
         results.append(r)
         if progress:
-            took = f" ({r['duration_s']:.0f} s)" if r["duration_s"] >= 2 else ""   # a slow case says so
+            took = f" ({r.duration_s:.0f} s)" if (r.duration_s or 0) >= 2 else ""   # a slow case says so
             progress(f"[compat] {name}: {status}{took}{' - ' + detail if detail else ''}")
     for c in clients.values():
         await c.close()
-    failed_required = [r["name"] for r in results if r["status"] == "fail" and r["required"]]
-    return {"base_url": base_url, "model": model, "cases": results,
-            "passed": sum(r["status"] == "pass" for r in results),
-            "failed": sum(r["status"] == "fail" for r in results),
-            "skipped": sum(r["status"] == "skip" for r in results),
-            "required_failures": failed_required, "ok": not failed_required}
+    return CompatReport.of(base_url, model, results)
 
 
-def run(base_url: str, model: str, **kw) -> dict:
+def run(base_url: str, model: str, **kw: Any) -> CompatReport:
     # Ray Serve LLM sets the root logger to INFO; one line per request from the SDK's HTTP client
     # (httpx2 in openai 2.x, httpx before) would bury the progress lines (seen: thousands per release).
     for noisy in ("httpx2", "httpx", "httpcore"):
@@ -453,12 +451,12 @@ def run(base_url: str, model: str, **kw) -> dict:
     return asyncio.run(run_suite(base_url, model, **kw))
 
 
-def table(result: dict) -> str:
-    w = max((len(c["name"]) for c in result["cases"]), default=4)
+def table(result: CompatReport) -> str:
+    w = max((len(c.name) for c in result.cases), default=4)
     lines = [f"{'case'.ljust(w)}  status  req  detail", f"{'-' * w}  ------  ---  ------"]
-    for c in result["cases"]:
-        lines.append(f"{c['name'].ljust(w)}  {c['status'].ljust(6)}  {'yes' if c['required'] else 'no ':3}  "
-                     f"{c['detail'][:100]}")
-    lines.append(f"passed {result['passed']}, failed {result['failed']}, skipped {result['skipped']}; "
-                 f"required failures: {', '.join(result['required_failures']) or 'none'}")
+    for c in result.cases:
+        lines.append(f"{c.name.ljust(w)}  {c.status.ljust(6)}  {'yes' if c.required else 'no ':3}  "
+                     f"{c.detail[:100]}")
+    lines.append(f"passed {result.passed}, failed {result.failed}, skipped {result.skipped}; "
+                 f"required failures: {', '.join(result.blocking()) or 'none'}")
     return "\n".join(lines)

@@ -20,6 +20,9 @@ from typing import Any
 
 import yaml
 
+from validation.reports.bench import BenchReport
+from validation.reports.cost import Cost, PhaseCost, Rates, Throughput
+from validation.reports.decision import Check
 from workflows.manifest import Rendered
 from workflows.serve_config import PHASES
 from workflows.spec import ReleaseSpec
@@ -63,56 +66,62 @@ def _per(usd_per_hour: float, per_second: float, unit: float) -> float | None:
     return usd_per_hour / (per_second * 3600) * unit if per_second > 0 else None
 
 
-def _rates(usd_per_hour: float, tput: dict[str, float]) -> dict[str, float | None]:
+def _rates(usd_per_hour: float, tput: Throughput) -> dict[str, float | None]:
     return {"usd_per_hour": usd_per_hour,
-            "usd_per_million_input_tokens": _per(usd_per_hour, tput["input_tokens_per_s"], 1e6),
-            "usd_per_million_output_tokens": _per(usd_per_hour, tput["output_tokens_per_s"], 1e6),
-            "usd_per_1k_requests": _per(usd_per_hour, tput["requests_per_s"], 1e3)}
+            "usd_per_million_input_tokens": _per(usd_per_hour, tput.input_tokens_per_s or 0, 1e6),
+            "usd_per_million_output_tokens": _per(usd_per_hour, tput.output_tokens_per_s or 0, 1e6),
+            "usd_per_1k_requests": _per(usd_per_hour, tput.requests_per_s or 0, 1e3)}
 
 
-def bench_cost(bench: dict[str, Any], spec: ReleaseSpec, rendered: Rendered) -> dict[str, Any]:
-    wall = float(bench.get("wall_s") or 0)
-    tput = {"input_tokens_per_s": float(bench.get("input_token_throughput_tps") or 0),
-            "output_tokens_per_s": float(bench.get("output_token_throughput_tps") or 0),
-            "requests_per_s": float(bench.get("request_throughput_rps") or 0), "wall_s": wall}
-    out: dict[str, Any] = {"formula": FORMULA, "throughput": tput, "phases": {}}
+def bench_cost(bench: BenchReport | dict[str, Any], spec: ReleaseSpec, rendered: Rendered) -> Cost:
+    """The run's cost (a null per-unit figure: that throughput was zero; Cost.missing says so)."""
+    b = BenchReport.coerce(bench)
+    tput = Throughput(input_tokens_per_s=b.input_token_throughput_tps or 0.0,
+                      output_tokens_per_s=b.output_token_throughput_tps or 0.0,
+                      requests_per_s=b.request_throughput_rps or 0.0, wall_s=b.wall_s or 0.0)
     nodes = phase_nodes(rendered)
     missing = [n for n in PHASES if n not in nodes]
     if missing:
-        return out | {"priced": False, "reason": f"{', '.join(missing)} not pinned to an instance type "
-                      "(node.kubernetes.io/instance-type): nothing to price"}
+        return Cost(formula=FORMULA, throughput=tput, priced=False,
+                    reason=f"{', '.join(missing)} not pinned to an instance type "
+                    "(node.kubernetes.io/instance-type): nothing to price")
     total = 0.0
+    phases: dict[str, PhaseCost] = {}
     for name in PHASES:
         it, count = nodes[name]
         price, source = price_of(it, spec)
         if price is None:
-            return out | {"priced": False, "reason": source}
-        out["phases"][name] = {"instance_type": it, "nodes": count, "usd_per_node_hour": price,
-                               "price_source": source, **_rates(count * price, tput)}
+            return Cost(formula=FORMULA, throughput=tput, priced=False, reason=source)
+        phases[name] = PhaseCost.model_validate({"instance_type": it, "nodes": count, "usd_per_node_hour": price,
+                                                 "price_source": source, **_rates(count * price, tput)})
         total += count * price
-    return out | {"priced": True, "total": _rates(total, tput)}
+    return Cost(formula=FORMULA, throughput=tput, phases=phases, priced=True,
+                total=Rates.model_validate(_rates(total, tput)))
 
 
-def vs_stable_cost(candidate: dict[str, Any], stable: dict[str, Any], factor: float,
-                   label: str) -> tuple[str, bool, str, str, float | None, float]:
+def _per_1k(b: BenchReport) -> float | None:
+    return b.cost.total.usd_per_1k_requests if b.cost is not None and b.cost.total is not None else None
+
+
+def vs_stable_cost(candidate: BenchReport, stable: BenchReport, factor: float,
+                   label: str) -> Check:
     """The gate's `vs_stable.cost` check: candidate $ per 1,000 requests <= factor x stable's."""
-    c = ((candidate.get("cost") or {}).get("total") or {}).get("usd_per_1k_requests")
-    s = ((stable.get("cost") or {}).get("total") or {}).get("usd_per_1k_requests")
+    c, s = _per_1k(candidate), _per_1k(stable)
     if c is None or not s:
-        return ("vs_stable_cost", False, f"{label}: $ per 1,000 requests cannot be compared (candidate {c}, "
-                f"stable {s}): both runs need priced instance types", label, None, factor)
+        return Check(check="vs_stable_cost", ok=False, message=f"{label}: $ per 1,000 requests cannot be compared "
+                     f"(candidate {c}, stable {s}): both runs need priced instance types", bench=label, limit=factor)
     r = c / s
-    return ("vs_stable_cost", r <= factor, f"{label}: ${c:.4f} per 1,000 requests is {r:.2f}x stable "
-            f"${s:.4f} (limit {factor}x)", label, r, factor)
+    return Check(check="vs_stable_cost", ok=r <= factor, message=f"{label}: ${c:.4f} per 1,000 requests is {r:.2f}x "
+                 f"stable ${s:.4f} (limit {factor}x)", bench=label, value=r, limit=factor)
 
 
-def add_costs(benches: list[dict[str, Any]], overlay: Path) -> str | None:
+def add_costs(benches: list[BenchReport], overlay: Path) -> str | None:
     """Price benches that carry no `cost` yet (`pdops gate` on runs of `pdops bench`) on the overlay's
     nodes. Returns why nothing was priced, or None."""
     from workflows.errors import InputError
     from workflows.manifest import render
 
-    todo = [b for b in benches if isinstance(b, dict) and "cost" not in b]
+    todo = [b for b in benches if b.cost is None]
     if not todo:
         return None
     try:
@@ -121,14 +130,15 @@ def add_costs(benches: list[dict[str, Any]], overlay: Path) -> str | None:
         return f"runs not priced: {exc.render()}"
     assert rendered.spec is not None
     for b in todo:
-        b["cost"] = bench_cost(b, rendered.spec, rendered)
+        b.cost = bench_cost(b, rendered.spec, rendered)
     return None
 
 
-def markdown_lines(labels_and_benches: list[tuple[str, dict[str, Any]]]) -> list[str]:
+def markdown_lines(labels_and_benches: list[tuple[str, BenchReport]]) -> list[str]:
     """The report's cost table: total and per phase, for each priced run."""
-    rows = [(lab, name, p) for lab, b in labels_and_benches if (b.get("cost") or {}).get("priced")
-            for name, p in [*b["cost"]["phases"].items(), ("total", b["cost"]["total"])]]
+    rows: list[tuple[str, str, Rates]] = [
+        (lab, name, p) for lab, b in labels_and_benches if b.cost is not None and b.cost.priced
+        and b.cost.total is not None for name, p in [*b.cost.phases.items(), ("total", b.cost.total)]]
     if not rows:
         return []
     f = lambda v, spec: "-" if v is None else format(v, spec)   # noqa: E731
@@ -136,7 +146,8 @@ def markdown_lines(labels_and_benches: list[tuple[str, dict[str, Any]]]) -> list
              "| run | phase | nodes | $/hour | $/M input tokens | $/M output tokens | $/1k requests |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for lab, name, p in rows:
-        lines.append(f"| {lab} | {name} | {f(p.get('nodes'), 'g')} | {p['usd_per_hour']:.2f} | "
-                     f"{f(p['usd_per_million_input_tokens'], '.2f')} | {f(p['usd_per_million_output_tokens'], '.2f')} | "
-                     f"{f(p['usd_per_1k_requests'], '.3f')} |")
+        nodes = p.nodes if isinstance(p, PhaseCost) else None
+        lines.append(f"| {lab} | {name} | {f(nodes, 'g')} | {p.usd_per_hour:.2f} | "
+                     f"{f(p.usd_per_million_input_tokens, '.2f')} | {f(p.usd_per_million_output_tokens, '.2f')} | "
+                     f"{f(p.usd_per_1k_requests, '.3f')} |")
     return lines + [""]

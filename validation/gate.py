@@ -5,75 +5,88 @@ scrape when KV transfer is required) fails, because an unproven candidate is not
 
 Latency checks on reports with per-request samples are judged with their confidence
 (validation/verdicts.py): pass, fail or inconclusive per `slo.statistics`, each stating its interval
-and the smallest effect the run could detect. `decision["extend"]` lists the benches whose checks
+and the smallest effect the run could detect. `Decision.extend` lists the benches whose checks
 were inconclusive when the spec says to extend and looks remain; the caller may re-run them
 and decide again with `look + 1` (validation/sequential.py).
+
+Inputs and output are the typed reports of validation/reports/ (a Decision); a figure a report does not
+have is null there, and the check that needs it fails and says so (never judged as 0).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from validation import verdicts
 from validation.config import SLO
+from validation.reports.bench import BenchReport, Quantiles
+from validation.reports.compat import CompatReport
+from validation.reports.decision import Check, Decision
+from validation.reports.release import GoldenReport
 
 
-def _get(d: dict, *path: str) -> Any:
-    for p in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(p)
-    return d
-
-
-def itl_source(b: dict) -> tuple[dict | None, str]:
+def itl_source(b: BenchReport) -> tuple[Quantiles | None, str]:
     """ITL percentiles and where they come from. Client chunk gaps are inter-token latency only
     when a chunk carries about one token; when the server batches its stream (Ray Serve), the
     server's ITL histogram for the run is used, else TPOT (per token from usage)."""
-    if b.get("itl_level") != "chunk":
-        return b.get("itl_ms"), "client ITL"
-    tpc = _get(b, "tokens_per_chunk", "mean") or 0.0
-    h = _get(b, "server", "histograms", "inter_token_latency_seconds")
-    if h and h.get("count"):
-        return ({"p90": h.get("p90_ms"), "p99": h.get("p99_ms")},
-                f"server {h['metric']} (client chunks carry {tpc:.1f} tokens)")
-    return b.get("tpot_ms"), f"TPOT (client chunks carry {tpc:.1f} tokens; no server ITL histogram)"
+    if b.itl_level != "chunk":
+        return b.itl_ms, "client ITL"
+    tpc = (b.tokens_per_chunk.mean if b.tokens_per_chunk else None) or 0.0
+    h = b.server.histograms.get("inter_token_latency_seconds") if b.server else None
+    if h and h.count:
+        return (Quantiles(p90=h.p90_ms, p99=h.p99_ms),
+                f"server {h.metric} (client chunks carry {tpc:.1f} tokens)")
+    return b.tpot_ms, f"TPOT (client chunks carry {tpc:.1f} tokens; no server ITL histogram)"
 
 
-def bench_label(b: dict, i: int) -> str:
-    load = b.get("load") or {}
-    lvl = (f"c={load['concurrency']}" if load.get("concurrency") else f"rate={load['rate']}" if load.get("rate")
-           else f"trace={load['trace']}" if load.get("trace") else "")
-    return f"#{i} {b.get('profile', '?')} {lvl}".strip()
+def bench_label(b: BenchReport | dict[str, Any], i: int) -> str:
+    b = BenchReport.coerce(b)
+    load = b.load
+    lvl = (f"c={load.concurrency}" if load.concurrency else f"rate={load.rate}" if load.rate
+           else f"trace={load.trace}" if load.trace else "")
+    return f"#{i} {b.profile or '?'} {lvl}".strip()
 
 
-def _key(b: dict) -> tuple:
-    load = b.get("load") or {}
-    return (b.get("profile"), load.get("concurrency"), load.get("rate"), load.get("trace"))
+def _key(b: BenchReport) -> tuple[str | None, int | None, float | None, str | None]:
+    return (b.profile, b.load.concurrency, b.load.rate, b.load.trace)
 
 
-def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict] | None = None,
-           golden: dict | None = None, replaced: list[str] | None = None, diff: dict | None = None,
-           look: int = 1, skipped: dict[str, str] | None = None) -> dict:
+def _q(summary: Quantiles | None, q: str) -> float | None:
+    value: float | None = getattr(summary, q) if summary is not None else None
+    return value
+
+
+def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence[BenchReport | dict[str, Any]],
+           slo: SLO, stable_in: Sequence[BenchReport | dict[str, Any]] | None = None,
+           golden_in: GoldenReport | dict[str, Any] | None = None, replaced: list[str] | None = None,
+           diff: Any = None, look: int = 1, skipped: dict[str, str] | None = None) -> Decision:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
     (or a `skipped` one) do not run it. `replaced`: the candidate's engines that were replaced
     while it was validated, where the target can tell; a candidate that lost an engine is unproven
     even when its restarted engine then passed every check (measured: a killed prefill engine).
     `look`: which run of an extended validation this is (1 = the first; slo.statistics).
     `skipped`: check name -> why it could not run (no reference engine this time): listed, verdict
-    `skipped`, not blocking, so a skip is never mistaken for a pass."""
-    checks: list[dict] = []
+    `skipped`, not blocking, so a skip is never mistaken for a pass.
+    Reports may be given as the JSON dicts their producers wrote; they are read as models."""
+    compat = CompatReport.coerce(compat_in) if compat_in is not None else None
+    benches = [BenchReport.coerce(b) for b in benches_in]
+    stable = [BenchReport.coerce(b) for b in stable_in] if stable_in is not None else None
+    golden = GoldenReport.coerce(golden_in) if golden_in is not None else None
+    checks: list[Check] = []
     st = slo.statistics
     extend: set[int] = set()
 
-    def add(name: str, ok: bool, msg: str, bench: str | None = None, value=None, limit=None,
+    def add(name: str, ok: bool, msg: str, bench: str | None = None, value: Any = None, limit: Any = None,
             judged: verdicts.Judged | None = None, idx: int | None = None) -> None:
-        c = {"check": name, "ok": bool(ok), "bench": bench, "value": value, "limit": limit, "message": msg}
+        c = Check(check=name, ok=bool(ok), bench=bench, value=value, limit=limit, message=msg)
         if judged is not None:
             fin = lambda v: v if isinstance(v, float) and math.isfinite(v) else None  # noqa: E731  (JSON: no Infinity)
-            c.update(verdict=judged.verdict, interval=[fin(v) for v in judged.interval], confidence=judged.confidence,
-                     detectable={k: fin(float(v)) for k, v in judged.detectable.items()})
-            if judged.verdict == "inconclusive" and st.inconclusive == "extend" and look < st.max_looks:
+            c.verdict = judged.verdict  # type: ignore[assignment]
+            c.interval = [fin(v) for v in judged.interval] if judged.interval is not None else None
+            c.confidence = judged.confidence
+            c.detectable = {k: fin(float(v)) for k, v in judged.detectable.items()}
+            if judged.verdict == "inconclusive" and st.inconclusive == "extend" and look < st.max_looks and idx is not None:
                 extend.add(idx)
         checks.append(c)
 
@@ -81,22 +94,21 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
     if compat is None:
         add("compat", False, "no compatibility report")
     else:
-        req = compat.get("required_failures")
-        if req is None:
-            req = [c["name"] for c in compat.get("cases", []) if c.get("status") == "fail" and c.get("required", True)]
+        req = compat.blocking()
         add("compat", not req, "required compat cases failed: " + ", ".join(req) if req
-            else f"compat: {compat.get('passed', '?')} passed, no required failures", value=req)
+            else f"compat: {compat.passed if compat.passed is not None else '?'} passed, no required failures",
+            value=req)
 
     if not benches:
         add("bench", False, "no benchmark reports")
 
     if golden is not None:
-        bad = [c for c in golden.get("cases", []) if not c.get("ok")]
-        add("golden_tokens", bool(golden.get("ok")),
-            f"golden tokens: {golden.get('matched', 0)}/{golden.get('prompts', 0)} prompts equal the single-engine "
-            f"reference ({golden.get('tokens_compared', 0)} tokens)"
-            + "".join(f"; prompt {c['prompt']}: " + (c.get("problem") or f"first differs at token {c['first_difference']}")
-                      for c in bad[:3]), value=golden.get("matched"), limit=golden.get("prompts"))
+        bad = [c for c in golden.cases if not c.ok]
+        add("golden_tokens", golden.ok,
+            f"golden tokens: {golden.matched}/{golden.prompts} prompts equal the single-engine "
+            f"reference ({golden.tokens_compared} tokens)"
+            + "".join(f"; prompt {c.prompt}: " + (c.problem or f"first differs at token {c.first_difference}")
+                      for c in bad[:3]), value=golden.matched, limit=golden.prompts)
 
     if diff is not None:  # pdops diff (validation/diff/): P/D vs single engine, unexpected divergences block
         from validation.diff.release import gate_check
@@ -104,7 +116,7 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
 
     for name, why in (skipped or {}).items():
         add(name, True, f"{name.replace('_', ' ')} skipped: {why}")
-        checks[-1]["verdict"] = "skipped"
+        checks[-1].verdict = "skipped"
 
     if replaced is not None:
         add("engines_stable", not replaced, "engines replaced during validation: " + "; ".join(replaced)
@@ -120,24 +132,27 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
     ]
     for i, b in enumerate(benches):
         lab = bench_label(b, i)
-        ch = b.get("client_health") or {}
-        if ch.get("client_bottleneck") and slo.client_health == "ignored":
+        ch = b.client_health
+        if ch.client_bottleneck and slo.client_health == "ignored":
             add("client_bottleneck", True, f"{lab}: client was starved (not gated: slo.client_health ignored): "
-                + "; ".join(ch.get("reasons", [])), lab)
-        elif ch.get("client_bottleneck"):
+                + "; ".join(ch.reasons), lab)
+        elif ch.client_bottleneck:
             add("client_bottleneck", False, f"{lab}: measurement void, client was the bottleneck: "
-                + "; ".join(ch.get("reasons", [])), lab)
+                + "; ".join(ch.reasons), lab)
         else:
             add("client_bottleneck", True, f"{lab}: client healthy", lab)
-        ok_n = b.get("requests_ok") or 0
-        add("requests_ok", ok_n > 0, f"{lab}: {ok_n} successful requests", lab, ok_n, 1)
+        ok_n = b.requests_ok
+        add("requests_ok", bool(ok_n), f"{lab}: {ok_n if ok_n is not None else 'no count of'} successful requests"
+            + ("" if ok_n is not None else f" ({b.missing.get('requests_ok', 'not in the report')})"), lab, ok_n, 1)
         itl, itl_src = itl_source(b)
         for name, metric, q, limit in latency_checks:
             if limit is None:
                 continue
-            v, src = ((itl or {}).get(q), f" from {itl_src}") if metric == "itl_ms" else (_get(b, metric, q), "")
+            v, src = (_q(itl, q), f" from {itl_src}") if metric == "itl_ms" else (_q(getattr(b, metric), q), "")
             if v is None:
-                add(name, False, f"{lab}: {metric} {q} unavailable{src} (limit {limit} ms)", lab, None, limit)
+                why = b.missing.get(metric)
+                add(name, False, f"{lab}: {metric} {q} unavailable{src} (limit {limit} ms)"
+                    + (f": {why}" if why else ""), lab, None, limit)
                 continue
             got = verdicts.quantile_samples(b, metric, itl_src)
             if isinstance(got, str):
@@ -145,41 +160,46 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                     f"(point estimate: {got})", lab, v, limit)
                 continue
             j = verdicts.threshold(got[0], got[1], int(q[1:]) / 100, limit, st, look)
-            used = " from TPOT samples" if metric == "itl_ms" and b.get("itl_level") == "chunk" else ""
+            used = " from TPOT samples" if metric == "itl_ms" and b.itl_level == "chunk" else ""
             add(name, j.ok, f"{lab}: {metric} {q} {v:.1f} ms{src}{used} vs limit {limit} ms, {j.message}",
                 lab, v, limit, j, i)
-        er = b.get("error_rate")
-        if er is None:
-            tot = (b.get("requests_ok") or 0) + (b.get("errors") or 0)
-            er = (b.get("errors") or 0) / tot if tot else 1.0
+        er = b.error_rate
+        if er is None:   # no rate in the report: from the counts; no request at all is no proof
+            tot = (b.requests_ok or 0) + (b.errors or 0)
+            er = (b.errors or 0) / tot if tot else 1.0
         add("error_rate", er <= slo.max_error_rate,
             f"{lab}: error rate {er:.2%} {'<=' if er <= slo.max_error_rate else '>'} {slo.max_error_rate:.2%}",
             lab, er, slo.max_error_rate)
         if slo.min_goodput_rps is not None:
-            g = b.get("goodput_rps")
+            g = b.goodput_rps
             ok = g is not None and g >= slo.min_goodput_rps
             add("goodput_rps", ok, f"{lab}: goodput {g if g is None else round(g, 3)} req/s "
                 f"{'>=' if ok else '<'} {slo.min_goodput_rps}", lab, g, slo.min_goodput_rps)
         if slo.min_slo_attainment is not None:
-            a = b.get("slo_attainment")
+            a = b.slo_attainment
             ok = a is not None and a >= slo.min_slo_attainment
             add("slo_attainment", ok, f"{lab}: SLO attainment {a if a is None else f'{a:.1%}'} "
                 f"{'>=' if ok else '<'} {slo.min_slo_attainment:.1%}", lab, a, slo.min_slo_attainment)
         if slo.kv_transfer == "required":
-            kv = _get(b, "server", "kv")
-            if not kv:
-                err = _get(b, "server", "error")
+            kv = b.server.kv if b.server is not None else None
+            if kv is None:
+                err = b.server.error if b.server is not None else None
                 add("kv_transfer", False, f"{lab}: KV transfer required but no server-side evidence"
                     + (f" ({err})" if err else " (run bench with --metrics-url)"), lab)
+            elif kv.external_kv_prompt_tokens is None:
+                add("kv_transfer", False, f"{lab}: KV transfer required but the report has no count of prompt tokens "
+                    "that arrived by KV transfer", lab, None, ">0")
             else:
-                toks = kv.get("external_kv_prompt_tokens") or 0
-                seen, ok = _get(b, "server", "requests_seen"), _get(b, "server", "requests_ok")
-                partial = (f" (the server's metrics show {seen:.0f} of {ok} requests: an engine restarted or its "
-                           "metrics are late)" if seen is not None and ok is not None and seen < ok else "")
+                toks = kv.external_kv_prompt_tokens
+                seen = b.server.requests_seen if b.server is not None else None
+                ok_r = b.server.requests_ok if b.server is not None else None
+                partial = (f" (the server's metrics show {seen:.0f} of {ok_r} requests: an engine restarted or its "
+                           "metrics are late)" if seen is not None and ok_r is not None and seen < ok_r else "")
                 add("kv_transfer", toks > 0, f"{lab}: {toks:.0f} prompt tokens arrived by KV transfer"
                     + ("" if toks > 0 else partial), lab, toks, ">0")
-                nf = kv.get("nixl_failed_transfers") or 0
-                add("nixl_failures", nf == 0, f"{lab}: {nf:.0f} failed NIXL transfers", lab, nf, 0)
+                nf = kv.nixl_failed_transfers
+                add("nixl_failures", nf == 0, f"{lab}: {nf:.0f} failed NIXL transfers" if nf is not None
+                    else f"{lab}: no count of failed NIXL transfers in the report", lab, nf, 0)
 
     # -- vs stable ---------------------------------------------------------------------------
     vs = slo.vs_stable
@@ -200,7 +220,7 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                                              ("itl_p90", "itl_ms", vs.itl_p90)):
                     if factor is None:
                         continue
-                    chunk = "chunk" in (b.get("itl_level"), s.get("itl_level"))   # then both sides use TPOT
+                    chunk = "chunk" in (b.itl_level, s.itl_level)   # then both sides use TPOT
                     cs, ss = verdicts.request_samples(b, metric, chunk), verdicts.request_samples(s, metric, chunk)
                     if not isinstance(cs, str) and not isinstance(ss, str):
                         j = verdicts.vs_stable(cs, ss, factor, st, look, comparisons)
@@ -212,10 +232,10 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                     why = cs if isinstance(cs, str) else f"stable: {ss}"
                     if metric == "itl_ms":
                         (cd, csrc), (sd, ssrc) = itl_source(b), itl_source(s)
-                        cv, sv = (cd or {}).get("p90"), (sd or {}).get("p90")
+                        cv, sv = _q(cd, "p90"), _q(sd, "p90")
                         src = f" (candidate from {csrc}, stable from {ssrc})"
                     else:
-                        cv, sv, src = _get(b, metric, "p90"), _get(s, metric, "p90"), ""
+                        cv, sv, src = _q(getattr(b, metric), "p90"), _q(getattr(s, metric), "p90"), ""
                     if cv is None or not sv:
                         add(f"vs_stable_{name}", False, f"{lab}: {name} cannot be compared (candidate {cv}, stable {sv}){src}", lab)
                         continue
@@ -225,12 +245,6 @@ def decide(compat: dict | None, benches: list[dict], slo: SLO, stable: list[dict
                         f"(point estimate: {why})", lab, r, factor)
                 if vs.cost is not None:   # cost gate: computed in validation/cost.py
                     from validation.cost import vs_stable_cost
-                    add(*vs_stable_cost(b, s, vs.cost, lab))
+                    checks.append(vs_stable_cost(b, s, vs.cost, lab))
 
-    failed = [c for c in checks if not c["ok"]]
-    return {"verdict": "rollback" if failed else "promote",
-            "reasons": [c["message"] for c in failed] or ["all checks passed"],
-            "checks": checks, "failed": len(failed), "passed": len(checks) - len(failed),
-            "inconclusive": sum(1 for c in checks if c.get("verdict") == "inconclusive"),
-            "look": look, "extend": sorted(extend) if extend and all(
-                c.get("verdict") == "inconclusive" for c in failed) else []}
+    return Decision.of(checks, look, extend)

@@ -11,6 +11,8 @@ import json
 import urllib.request
 from typing import Any
 
+from validation.reports.release import GoldenCase, GoldenReport
+
 SEED = 1234
 WORDS = ("prefill decode cache tensor stream token engine route gate canary stable release "
          "latency replica node batch queue transfer layer block window").split()
@@ -52,9 +54,9 @@ def collect(base_url: str, model: str, texts: list[str], max_tokens: int, api_ke
     return out
 
 
-def compare(reference: list[dict], candidate: list[dict]) -> dict[str, Any]:
+def compare(reference: list[dict[str, Any]], candidate: list[dict[str, Any]]) -> GoldenReport:
     """Per prompt: equal token ids, or where they first differ. `ok` only when every prompt matches."""
-    cases = []
+    cases: list[dict[str, Any]] = []
     for i, (ref, cand) in enumerate(zip(reference, candidate)):
         r, c = ref.get("token_ids"), cand.get("token_ids")
         if cand.get("error"):
@@ -75,6 +77,6 @@ def compare(reference: list[dict], candidate: list[dict]) -> dict[str, Any]:
         cases.append({"prompt": min(len(reference), len(candidate)), "ok": False,
                       "problem": f"{len(reference)} reference answers, {len(candidate)} candidate answers"})
     matched = sum(c["ok"] for c in cases)
-    return {"kind": "golden", "ok": bool(cases) and matched == len(cases), "prompts": len(cases),
-            "matched": matched, "tokens_compared": sum(c.get("tokens", 0) for c in cases if c["ok"]),
-            "cases": cases}
+    return GoldenReport(ok=bool(cases) and matched == len(cases), prompts=len(cases), matched=matched,
+                        tokens_compared=sum(c.get("tokens", 0) for c in cases if c["ok"]),
+                        cases=[GoldenCase.model_validate(c) for c in cases])

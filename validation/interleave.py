@@ -15,13 +15,15 @@ the cores. The per-request samples of each side's blocks are merged (validation/
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Optional
+from collections.abc import Callable
+from typing import Any, Literal
 
+from validation.reports.bench import BenchReport, Interleaved
 from validation.sequential import merge_bench
 
 Side = Literal["candidate", "stable"]
 # run(side, requests, duration_s, warmup_requests, block) -> the bench of one block on that side
-RunBlock = Callable[[Side, Optional[int], Optional[float], int, int], dict[str, Any]]
+RunBlock = Callable[[Side, int | None, float | None, int, int], BenchReport | dict[str, Any]]
 
 
 def order(blocks: int) -> list[Side]:
@@ -49,21 +51,21 @@ def effective_blocks(requests: int | None, blocks: int, trace: bool) -> int:
 
 
 def measure(run: RunBlock, requests: int | None, duration_s: float | None, warmup: int, blocks: int,
-            trace: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+            trace: bool = False) -> tuple[BenchReport, BenchReport]:
     """One load on both sides, interleaved; the candidate's and the stable's merged benches.
     Each side's first block gets the load's warm-up requests; later blocks none (already warm)."""
     n = effective_blocks(requests, blocks, trace)
-    sizes: list[Optional[int]] = list(split(requests, n)) if requests is not None and not trace else [requests] * n
+    sizes: list[int | None] = list(split(requests, n)) if requests is not None and not trace else [requests] * n
     durations = [duration_s / n if duration_s else None] * n
-    merged: dict[Side, dict[str, Any]] = {}
+    merged: dict[Side, BenchReport] = {}
     seen = {"candidate": 0, "stable": 0}
     for side in order(n):
         k = seen[side]
         seen[side] += 1
-        bench = run(side, sizes[k], durations[k], warmup if k == 0 else 0, k)
+        bench = BenchReport.coerce(run(side, sizes[k], durations[k], warmup if k == 0 else 0, k))
         merged[side] = merge_bench(merged[side], bench) if side in merged else bench
     label = "".join("C" if s == "candidate" else "S" for s in order(n))
     for side in merged:   # merge_bench's `looks` are this side's blocks here, not sequential looks
-        per_block = merged[side].pop("looks", None)
-        merged[side]["interleaved"] = {"blocks": n, "order": label, "per_block": per_block}
+        per_block, merged[side].looks = merged[side].looks, None
+        merged[side].interleaved = Interleaved(blocks=n, order=label, per_block=per_block)
     return merged["candidate"], merged["stable"]

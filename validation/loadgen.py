@@ -172,18 +172,19 @@ def machine_context() -> dict:
 def summarize_health(lags_ms: list[float], cpu: list[float], machine: dict | None = None) -> dict:
     lags = sorted(lags_ms)
 
-    def q(p):
+    # No sample is null (README "Reports"), not a healthy-looking 0
+    def q(p: float) -> float | None:
         if not lags:
-            return 0.0
+            return None
         return lags[min(len(lags) - 1, int(round(p / 100 * (len(lags) - 1))))]
 
     lag_p99 = q(99)
-    cpu_max = max(cpu) if cpu else 0.0
-    cpu_mean = sum(cpu) / len(cpu) if cpu else 0.0
+    cpu_max = max(cpu) if cpu else None
+    cpu_mean = sum(cpu) / len(cpu) if cpu else None
     reasons = []
-    if lag_p99 > LAG_P99_LIMIT_MS:
+    if lag_p99 is not None and lag_p99 > LAG_P99_LIMIT_MS:
         reasons.append(f"event-loop lag p99 {lag_p99:.1f} ms > {LAG_P99_LIMIT_MS} ms")
-    if cpu_mean > CPU_LIMIT_PCT:
+    if cpu_mean is not None and cpu_mean > CPU_LIMIT_PCT:
         reasons.append(f"client CPU mean {cpu_mean:.0f}% > {CPU_LIMIT_PCT}%")
     if reasons and machine and machine["load_avg_1m"] > machine["cores"]:
         # The lag is time spent waiting for a CPU, not work of the client (its CPU mean says so).
@@ -191,7 +192,7 @@ def summarize_health(lags_ms: list[float], cpu: list[float], machine: dict | Non
                        f"cores, client nice {machine['client_nice']}): the client waited for a CPU, so its "
                        "latencies include that wait and cannot be trusted; the server's own histograms "
                        "(vllm:* in the report) are not affected")
-    return {"loop_lag_ms": {"p50": q(50), "p99": lag_p99, "max": lags[-1] if lags else 0.0,
+    return {"loop_lag_ms": {"p50": q(50), "p99": lag_p99, "max": lags[-1] if lags else None,
                             "samples": len(lags)},
             "cpu_percent": {"mean": cpu_mean, "max": cpu_max, "samples": len(cpu)},
             "client_bottleneck": bool(reasons), "reasons": reasons, "machine": machine}
@@ -550,12 +551,14 @@ def run_workers(spec: LoadSpec, workers: int, isolate: bool = False) -> dict:
     records.sort(key=lambda r: r["sent"])
     healths = [r["client_health"] for r in results.values()]
     reasons = [f"worker {w}: {x}" for w, r in results.items() for x in r["client_health"]["reasons"]] + errors
-    health = {"loop_lag_ms": {"p50": max(h["loop_lag_ms"]["p50"] for h in healths),
-                              "p99": max(h["loop_lag_ms"]["p99"] for h in healths),
-                              "max": max(h["loop_lag_ms"]["max"] for h in healths),
+    def worst(block: str, key: str) -> float | None:
+        vals = [h[block][key] for h in healths if h[block][key] is not None]
+        return max(vals) if vals else None
+
+    health = {"loop_lag_ms": {"p50": worst("loop_lag_ms", "p50"), "p99": worst("loop_lag_ms", "p99"),
+                              "max": worst("loop_lag_ms", "max"),
                               "samples": sum(h["loop_lag_ms"]["samples"] for h in healths)},
-              "cpu_percent": {"mean": max(h["cpu_percent"]["mean"] for h in healths),
-                              "max": max(h["cpu_percent"]["max"] for h in healths),
+              "cpu_percent": {"mean": worst("cpu_percent", "mean"), "max": worst("cpu_percent", "max"),
                               "samples": sum(h["cpu_percent"]["samples"] for h in healths)},
               "client_bottleneck": bool(reasons), "reasons": reasons, "workers": workers,
               "machine": healths[0].get("machine"), "per_worker": healths}

@@ -77,11 +77,20 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
     prompts = [int(r["usage"]["prompt_tokens"]) for r in ok
                if isinstance(r.get("usage"), dict) and isinstance(r["usage"].get("prompt_tokens"), int)]
     tok_per_chunk = [p["tokens"] / p["chunks"] for p in pr if p["tokens"] and p["chunks"]]
+    # Not measured is null with a reason (README "Reports"), never 0: a run of no requests has no
+    # error rate, and one of no wall time no throughput.
+    rate = (lambda n: n / wall_s) if wall_s > 0 else (lambda n: None)  # noqa: E731
+    missing: dict[str, str] = {}
+    if not recs:
+        missing.update(error_rate="no request was measured", slo_attainment="no request was measured")
+    if wall_s <= 0:
+        for k in ("request_throughput_rps", "output_token_throughput_tps", "input_token_throughput_tps", "goodput_rps"):
+            missing[k] = "the run took no measurable wall time"
     out = {
         "requests_total": len(recs),
         "requests_ok": len(ok),
         "errors": len(errs),
-        "error_rate": (len(errs) / len(recs)) if recs else 0.0,
+        "error_rate": (len(errs) / len(recs)) if recs else None,
         "error_samples": sorted({(r.get("error") or f"status {r.get('status')}")[:200] for r in errs})[:5],
         "wall_s": wall_s,
         "ttft_ms": summary(p["ttft"] for p in pr),
@@ -92,11 +101,11 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
         "itl_level": itl_level(summary(tok_per_chunk)["mean"]),
         "output_tokens": summary(tokens),
         "requests_missing_usage": sum(1 for p in pr if p["tokens"] is None),
-        "request_throughput_rps": len(ok) / wall_s if wall_s > 0 else 0.0,
-        "output_token_throughput_tps": sum(tokens) / wall_s if wall_s > 0 else 0.0,
+        "request_throughput_rps": rate(len(ok)),
+        "output_token_throughput_tps": rate(sum(tokens)),
         # Prompt tokens as the server counted them (usage), for the cost per million input tokens.
         "input_tokens": summary(prompts),
-        "input_token_throughput_tps": sum(prompts) / wall_s if wall_s > 0 else 0.0,
+        "input_token_throughput_tps": rate(sum(prompts)),
     }
     if open_loop:
         prs = [per_request(r, from_scheduled=True) for r in ok]
@@ -111,9 +120,14 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
         d_ok = goodput_tpot_ms is None or p["tpot"] is None or p["tpot"] <= goodput_tpot_ms
         good += t_ok and d_ok
     out["goodput_requests"] = good
-    out["goodput_rps"] = good / wall_s if wall_s > 0 else 0.0
-    out["slo_attainment"] = good / len(recs) if recs else 0.0
+    out["goodput_rps"] = rate(good)
+    out["slo_attainment"] = good / len(recs) if recs else None
     out["goodput_slo"] = {"ttft_ms": goodput_ttft_ms, "tpot_ms": goodput_tpot_ms}
+    for k, v in out.items():
+        if isinstance(v, dict) and v.get("count") == 0:
+            missing[k] = ("no successful request" if not ok else "no successful request carried it"
+                          + (" (no usage in the answers)" if k in ("output_tokens", "input_tokens") else ""))
+    out["missing"] = missing
     return out
 
 

@@ -8,29 +8,51 @@ not open-ended: the last one's inconclusive checks fail.
 from __future__ import annotations
 
 from validation import metrics
+from validation.reports.bench import BenchReport, KvEvidence, Quantiles, Samples
 
 
-def merge_bench(a: dict, b: dict) -> dict:
+def _add(x: float | None, y: float | None) -> float | None:
+    """A sum of two runs' figures; null when either run lacks it (a half-known total is not a total)."""
+    return None if x is None or y is None else x + y
+
+
+def _look(b: BenchReport) -> dict[str, object]:
+    return {"requests_ok": b.requests_ok, **{k: (getattr(b, k) or Quantiles()).model_dump(mode="json")
+                                             for k in ("ttft_ms", "tpot_ms", "itl_ms")}}
+
+
+def merge_bench(a: BenchReport, b: BenchReport) -> BenchReport:
     """Two runs of one load as one report: counts summed, samples concatenated, latency summaries
     recomputed from the merged samples; server evidence summed (KV tokens, NIXL failures) when both runs have it, else
     the latest run's (missing evidence stays missing); the latest run's histograms kept. `looks` lists each run's own summary."""
-    sa, sb = a.get("samples") or {}, b.get("samples") or {}
-    samples = {k: (sa.get(k) or []) + (sb.get(k) or []) for k in ("ttft", "tpot", "itl", "itl_counts")}
-    out = {**b, "samples": samples}
-    for k in ("requests_total", "requests_ok", "errors", "goodput_requests", "wall_s"):
-        out[k] = (a.get(k) or 0) + (b.get(k) or 0)
-    out["error_rate"] = out["errors"] / out["requests_total"] if out["requests_total"] else 0.0
-    out["goodput_rps"] = out["goodput_requests"] / out["wall_s"] if out["wall_s"] else 0.0
-    out["slo_attainment"] = out["goodput_requests"] / out["requests_total"] if out["requests_total"] else 0.0
+    sa, sb = a.samples or Samples(), b.samples or Samples()
+    samples = Samples(ttft=(sa.ttft or []) + (sb.ttft or []), tpot=(sa.tpot or []) + (sb.tpot or []),
+                      itl=(sa.itl or []) + (sb.itl or []), itl_counts=(sa.itl_counts or []) + (sb.itl_counts or []))
+    out = b.model_copy(deep=True)
+    out.samples = samples
+    total, errors = _add(a.requests_total, b.requests_total), _add(a.errors, b.errors)
+    good, wall = _add(a.goodput_requests, b.goodput_requests), _add(a.wall_s, b.wall_s)
+    out.requests_total = None if total is None else int(total)
+    out.requests_ok = None if (ok := _add(a.requests_ok, b.requests_ok)) is None else int(ok)
+    out.errors = None if errors is None else int(errors)
+    out.goodput_requests = None if good is None else int(good)
+    out.wall_s = wall
+    out.error_rate = errors / total if errors is not None and total else None
+    out.goodput_rps = good / wall if good is not None and wall else None
+    out.slo_attainment = good / total if good is not None and total else None
     for m in ("ttft", "tpot", "itl"):
-        out[f"{m}_ms"] = metrics.summary(samples[m])
-    ha, hb = a.get("client_health") or {}, b.get("client_health") or {}
-    out["client_health"] = {**hb, "client_bottleneck": bool(ha.get("client_bottleneck") or hb.get("client_bottleneck")),
-                            "reasons": (ha.get("reasons") or []) + (hb.get("reasons") or [])}
-    ka, kb = (a.get("server") or {}).get("kv"), (b.get("server") or {}).get("kv")
-    if ka and kb:
-        out["server"] = {**b["server"], "kv": {k: (ka.get(k) or 0) + (kb.get(k) or 0)
-                                               for k in ("external_kv_prompt_tokens", "nixl_failed_transfers")}}
-    looks = a.get("looks") or [{k: a.get(k) for k in ("requests_ok", "ttft_ms", "tpot_ms", "itl_ms")}]
-    out["looks"] = looks + [{k: b.get(k) for k in ("requests_ok", "ttft_ms", "tpot_ms", "itl_ms")}]
-    return out
+        setattr(out, f"{m}_ms", Quantiles.model_validate(metrics.summary(getattr(samples, m) or [])))
+    ha, hb = a.client_health, b.client_health
+    out.client_health = hb.model_copy(update={"client_bottleneck": ha.client_bottleneck or hb.client_bottleneck,
+                                              "reasons": ha.reasons + hb.reasons})
+    ka = a.server.kv if a.server is not None else None
+    kb = b.server.kv if b.server is not None else None
+    if ka is not None and kb is not None and out.server is not None:
+        out.server.kv = KvEvidence.model_validate({
+            **kb.model_dump(), "external_kv_prompt_tokens": _add(ka.external_kv_prompt_tokens, kb.external_kv_prompt_tokens),
+            "nixl_failed_transfers": _add(ka.nixl_failed_transfers, kb.nixl_failed_transfers)})
+    out.looks = (a.looks or [_look(a)]) + [_look(b)]
+    recomputed = ("requests_total", "requests_ok", "errors", "goodput_requests", "wall_s", "error_rate", "goodput_rps",
+                  "slo_attainment", "ttft_ms", "tpot_ms", "itl_ms", "server.kv")
+    out.missing = {k: v for k, v in b.missing.items() if k not in recomputed}
+    return BenchReport.model_validate(out.model_dump())   # reasons for what the merge could not know

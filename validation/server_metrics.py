@@ -10,7 +10,10 @@ import re
 import time
 import urllib.request
 from collections import defaultdict
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from validation.reports.bench import BenchReport
 
 HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds",
               "request_time_per_output_token_seconds", "request_prefill_time_seconds",
@@ -308,19 +311,19 @@ CLIENT_SERVER = (("ttft_ms", "time_to_first_token_seconds"), ("itl_ms", "inter_t
                  ("tpot_ms", "request_time_per_output_token_seconds"))
 
 
-def side_by_side(bench: dict) -> list[dict]:
+def side_by_side(bench: BenchReport) -> list[dict[str, Any]]:
     """Client vs server p50/p90/p99 per phase for one run. Prometheus histograms allow no
     per-request join, so the run-window deltas stand side by side; client minus server is the
     client + network overhead (server quantiles are interpolated inside buckets)."""
-    hists = (bench.get("server") or {}).get("histograms") or {}
+    hists = bench.server.histograms if bench.server is not None else {}
     rows = []
     for key, hist in CLIENT_SERVER:
         h = hists.get(hist)
-        if not h or not h.get("count"):
+        if not h or not h.count:
             continue
-        c = bench.get(key) or {}
-        row = {"phase": key[:-3], "metric": h["metric"], "server_count": h["count"]}
+        c = getattr(bench, key)
+        row: dict[str, Any] = {"phase": key[:-3], "metric": h.metric, "server_count": h.count}
         for q in ("p50", "p90", "p99"):
-            row[f"client_{q}"], row[f"server_{q}"] = c.get(q), h.get(f"{q}_ms")
+            row[f"client_{q}"], row[f"server_{q}"] = getattr(c, q) if c is not None else None, getattr(h, f"{q}_ms")
         rows.append(row)
     return rows

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from validation import stats
 from validation.config import Statistics
+from validation.reports.bench import BenchReport, Samples
 
 
 @dataclass
@@ -24,10 +26,10 @@ class Judged:
     message: str
     interval: tuple[float, float] | None
     confidence: float
-    detectable: dict
+    detectable: dict[str, float]
 
 
-def _nums(v) -> list[float] | None:
+def _nums(v: Any) -> list[float] | None:
     """A list of finite numbers, else None (a report of another shape is judged without samples)."""
     if not isinstance(v, list) or not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                    and math.isfinite(x) for x in v):
@@ -35,34 +37,39 @@ def _nums(v) -> list[float] | None:
     return v
 
 
-def quantile_samples(b: dict, metric: str, itl_src: str) -> tuple[list[float], list[int] | None] | str:
+def _samples(b: BenchReport) -> Samples:
+    return b.samples if b.samples is not None else Samples()
+
+
+def quantile_samples(b: BenchReport, metric: str, itl_src: str) -> tuple[list[float], list[int] | None] | str:
     """The samples a quantile threshold is judged on, or why there are none."""
-    s = b.get("samples") if isinstance(b.get("samples"), dict) else {}
-    if metric == "itl_ms" and b.get("itl_level") == "chunk":
+    s = _samples(b)
+    if metric == "itl_ms" and b.itl_level == "chunk":
         if itl_src.startswith("server"):
             return "the server's ITL histogram holds no per-request samples"
         metric = "tpot_ms"
     key = metric[:-3]
-    vals = _nums(s.get(key))
+    vals = _nums(getattr(s, key))
     if not vals:
         return "no per-request samples in the bench report"
     if key == "itl":
-        counts = _nums(s.get("itl_counts"))
+        counts = _nums(s.itl_counts)
         if not counts or any(c < 0 or c != int(c) for c in counts) or sum(counts) != len(vals):
             return "ITL gaps without their per-request counts (a report from before itl_counts)"
         return vals, [int(c) for c in counts]
     return vals, None
 
 
-def request_samples(b: dict, metric: str, chunk: bool = False) -> list[float] | str:
+def request_samples(b: BenchReport, metric: str, chunk: bool = False) -> list[float] | str:
     """One value per request for a rank test: TTFT, TPOT, or each request's mean ITL gap (the gaps
     of one request are not independent draws). Chunk-level ITL uses TPOT (per token); `chunk`: the
     other side of the comparison is chunk-level, so both sides use TPOT."""
-    s = b.get("samples") if isinstance(b.get("samples"), dict) else {}
-    if metric == "itl_ms" and b.get("itl_level") != "chunk" and not chunk:
-        if _nums(s.get("itl_means")):     # a baseline (see `baseline`)
-            return s["itl_means"]
-        vals, counts = _nums(s.get("itl")), _nums(s.get("itl_counts"))
+    s = _samples(b)
+    if metric == "itl_ms" and b.itl_level != "chunk" and not chunk:
+        means = _nums(s.itl_means)
+        if means:     # a baseline (see `baseline`)
+            return means
+        vals, counts = _nums(s.itl), _nums(s.itl_counts)
         if not vals or not counts or any(c < 0 or c != int(c) for c in counts) or sum(counts) != len(vals):
             return "no per-request ITL samples with counts"
         arr, out, i = np.asarray(vals, dtype=float), [], 0
@@ -72,10 +79,10 @@ def request_samples(b: dict, metric: str, chunk: bool = False) -> list[float] | 
             i += c
         return out or "no request with ITL gaps"
     key = "tpot" if metric == "itl_ms" else metric[:-3]
-    vals = _nums(s.get(key))
-    if vals is None or min(vals) <= 0:
+    got = _nums(getattr(s, key))
+    if got is None or min(got) <= 0:
         return f"no per-request {key} samples"
-    return vals
+    return got
 
 
 # A promote records its benches as the baseline later vs_stable checks compare with; the Kubernetes
@@ -85,21 +92,23 @@ def request_samples(b: dict, metric: str, chunk: bool = False) -> list[float] | 
 BASELINE_REQUESTS = 300
 
 
-def baseline(b: dict) -> dict:
-    """A bench as a baseline: ttft, tpot and each request's mean ITL gap (`itl_means`), ITL gaps dropped."""
+def baseline(bench: BenchReport | dict[str, Any]) -> dict[str, Any]:
+    """A bench as a baseline (its JSON): ttft, tpot and each request's mean ITL gap (`itl_means`),
+    ITL gaps dropped."""
     import random
 
-    s = b.get("samples") if isinstance(b.get("samples"), dict) else None
-    if s is None:
-        return b
+    b = BenchReport.coerce(bench)
+    data = b.json_data()
+    if b.samples is None:
+        return data
     means = request_samples(b, "itl_ms")
-    out = {"ttft": _nums(s.get("ttft")) or [], "tpot": _nums(s.get("tpot")) or [],
+    out = {"ttft": _nums(b.samples.ttft) or [], "tpot": _nums(b.samples.tpot) or [],
            "itl_means": means if isinstance(means, list) else []}
     for k, v in out.items():
         if len(v) > BASELINE_REQUESTS:
             v = random.Random(0).sample(v, BASELINE_REQUESTS)
         out[k] = [round(x, 2) for x in v]
-    return {**b, "samples": out}
+    return {**data, "samples": out}
 
 
 def _policy(verdict: str, point_ok: bool, st: Statistics, look: int) -> tuple[bool, str]:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from validation.reports.cost import Cost, PhaseCost, Rates
 from workflows.errors import InputError
 
 GIB = 2**30
@@ -24,9 +25,9 @@ def print_size(table: dict[str, Any], out=None) -> None:
         print(f"model: {n / 1e9:.2f}B parameters," if n >= 1e9 else f"model: {n / 1e6:.2f}M parameters,", end="", file=out)
         print(f" {arch['layers']} layers, {arch['kv_heads']} KV heads "
               f"x {arch['head_dim']}, {arch['dtype']} ({arch.get('source') or 'spec'})", file=out)
-    head = ("phase", "node", "TP", "repl", "mem/dev GiB", "util", "weights/dev GiB", "KV B/token", "KV room GiB",
+    head = ("phase", "node", "TP", "PP", "nodes/repl", "repl", "mem/dev GiB", "util", "weights/dev GiB", "KV B/token", "KV room GiB",
             "KV tokens/repl", "max_model_len", "max seqs", "load tokens")
-    rows = [head] + [(p["phase"], p["node"], str(p["tp"]), str(p["replicas"]), _fmt(p["device_memory_gib"], ".1f"),
+    rows = [head] + [(p["phase"], p["node"], str(p["tp"]), str(p["pp"]), str(p["nodes_per_replica"]), str(p["replicas"]), _fmt(p["device_memory_gib"], ".1f"),
                       _fmt(p["memory_utilization"], ".2f"), _fmt(p["weights_per_device_gib"], ".2f"),
                       _fmt(p["kv_bytes_per_token"]), _fmt(p["kv_room_gib"], ".2f"), _fmt(p["kv_tokens_per_replica"]),
                       _fmt(p["max_model_len"]), _fmt(p["max_sequences"]),
@@ -59,28 +60,31 @@ def cmd_size(args: argparse.Namespace) -> int:
     return 1 if any(f["severity"] == "error" for f in table["findings"]) else 0
 
 
-def print_cost(costs: list[tuple[str, dict[str, Any]]], out=None) -> None:
+def print_cost(costs: list[tuple[str, Cost]], out: Any = None) -> None:
     out = out or sys.stdout
     for label, c in costs:
-        t = c["throughput"]
-        print(f"{label}: {t['input_tokens_per_s']:.1f} input tok/s, {t['output_tokens_per_s']:.1f} output tok/s, "
-              f"{t['requests_per_s']:.2f} req/s over {t['wall_s']:.1f} s", file=out)
-        if not c.get("priced"):
-            print(f"  not priced: {c.get('reason')}", file=out)
+        t = c.throughput
+        print(f"{label}: {_fmt(t.input_tokens_per_s, '.1f')} input tok/s, {_fmt(t.output_tokens_per_s, '.1f')} output "
+              f"tok/s, {_fmt(t.requests_per_s, '.2f')} req/s over {_fmt(t.wall_s, '.1f')} s", file=out)
+        if not c.priced or c.total is None:
+            print(f"  not priced: {c.reason}", file=out)
             continue
         print(f"  {'':8} {'nodes':>6} {'$/hour':>9} {'$/M input':>10} {'$/M output':>11} {'$/1k req':>9}", file=out)
-        for name, p in [*c["phases"].items(), ("total", c["total"])]:
-            print(f"  {name:8} {_fmt(p.get('nodes'), '6.2f') if 'nodes' in p else '':>6} {p['usd_per_hour']:9.2f} "
-                  f"{_fmt(p['usd_per_million_input_tokens'], '10.2f'):>10} "
-                  f"{_fmt(p['usd_per_million_output_tokens'], '11.2f'):>11} "
-                  f"{_fmt(p['usd_per_1k_requests'], '9.3f'):>9}", file=out)
-        for name, p in c["phases"].items():
-            print(f"  {name}: {p['nodes']:g} x {p['instance_type']} at ${p['usd_per_node_hour']}/h ({p['price_source']})",
+        rows: list[tuple[str, Rates]] = [*c.phases.items(), ("total", c.total)]
+        for name, p in rows:
+            print(f"  {name:8} {_fmt(p.nodes, '6.2f') if isinstance(p, PhaseCost) else '':>6} {p.usd_per_hour:9.2f} "
+                  f"{_fmt(p.usd_per_million_input_tokens, '10.2f'):>10} "
+                  f"{_fmt(p.usd_per_million_output_tokens, '11.2f'):>11} "
+                  f"{_fmt(p.usd_per_1k_requests, '9.3f'):>9}", file=out)
+        for name, ph in c.phases.items():
+            print(f"  {name}: {ph.nodes:g} x {ph.instance_type} at ${ph.usd_per_node_hour}/h ({ph.price_source})",
                   file=out)
-    print(f"formula: {costs[0][1]['formula'] if costs else ''}", file=out)
+    print(f"formula: {costs[0][1].formula if costs else ''}", file=out)
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from validation.cost import bench_cost
     from workflows.steps import load_release
 
@@ -94,9 +98,14 @@ def cmd_cost(args: argparse.Namespace) -> int:
             raise InputError(path, "", f"cannot read the bench JSON: {exc}", "pass a bench-*.json of a run") from None
         if not isinstance(bench, dict) or "wall_s" not in bench:
             raise InputError(path, "wall_s", "not a benchmark result", "pass a bench-*.json written by pdops bench")
-        costs.append((path, bench_cost(bench, rendered.spec, rendered)))
+        try:
+            costs.append((path, bench_cost(bench, rendered.spec, rendered)))
+        except ValidationError as exc:   # JSON of another shape (validation/reports/bench.py)
+            e = exc.errors()[0]
+            raise InputError(path, ".".join(map(str, e["loc"])), f"not a benchmark result: {e['msg']}",
+                             "pass a bench-*.json written by pdops bench") from None
     if args.json:
-        json.dump([{"bench": p, **c} for p, c in costs], sys.stdout, indent=2)
+        json.dump([{"bench": p, **c.json_data()} for p, c in costs], sys.stdout, indent=2)
         print()
     else:
         print_cost(costs)

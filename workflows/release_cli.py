@@ -98,13 +98,13 @@ def cmd_release(args: argparse.Namespace) -> int:
         say(f"[release] failed: {exc}")
         print(f"FAILED: {str(exc).splitlines()[0]}\nrun folder: {run}")
         return 1
-    verdict = out["verdict"]
-    lines = [f"{verdict.upper()}: {out.get('release', overlay)} in {out['seconds']:.0f}s"]
-    lines += [f"  - {r}" for r in out["reasons"][:12]]
-    if out.get("report"):
-        lines.append(f"report: {out['report']['markdown']}")
+    verdict = out.verdict or "failed"
+    lines = [f"{verdict.upper()}: {out.release or overlay} in {out.seconds or 0:.0f}s"]
+    lines += [f"  - {r}" for r in out.reasons[:12]]
+    if out.report is not None:
+        lines.append(f"report: {out.report.markdown}")
     lines.append(f"run folder: {run}")
-    _emit(args, out, "\n".join(lines))
+    _emit(args, out.json_data(), "\n".join(lines))
     return 0 if verdict in ("promote", "unchanged") else 1
 
 
@@ -151,8 +151,10 @@ def _reasons(report: str | None) -> list[str]:
     if not report:
         return []
     try:
-        return json.loads((Path(report) / "report.json").read_text())["decision"]["reasons"]
-    except (OSError, ValueError, KeyError):
+        from validation.reports.release import RunReport
+
+        return RunReport.model_validate_json((Path(report) / "report.json").read_text()).decision.reasons
+    except (OSError, ValueError):   # a missing or unreadable report (ValidationError is a ValueError)
         return []
 
 

@@ -20,6 +20,26 @@ KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 PHASE_RESOURCE = {"prefill": "prefill_node", "decode": "decode_node"}
 
 
+def placement_strategy(phase: Phase) -> str:
+    """The Ray placement-group strategy of one replica's TP x PP worker bundles.
+
+    Ray Serve LLM replicates `bundle_per_worker` TP x PP times (ray/llm/_internal/serve/engines/vllm/
+    vllm_models.py VLLMEngineConfig.placement_bundles, `for _ in range(self.num_devices)`, with
+    num_devices = tensor_parallel_degree * pipeline_parallel_degree) and hands the list and `strategy`
+    to the deployment's placement group (core/server/llm_server.py get_deployment_options,
+    "placement_group_strategy": engine_config.placement_strategy); PlacementGroupConfig accepts PACK,
+    SPREAD, STRICT_PACK, STRICT_SPREAD (ray/llm/_internal/common/placement.py).
+    Without pipeline stages a replica stays on one node: STRICT_PACK, so TP never crosses nodes.
+    With stages, STRICT_PACK could never be placed once TP x PP exceeds a node's GPUs, and SPREAD would
+    scatter a TP group over nodes: PACK fills a node before the next, and vLLM's Ray executor then
+    orders ranks node by node (driver's node first) so each TP group of TP consecutive ranks sits on
+    one node and only the pipeline hops cross nodes (vllm/v1/executor/ray_executor.py
+    _init_workers_ray, sort_by_driver_then_worker_ip; `pdops check` rule pp-gpus keeps whole nodes
+    per replica so no stage is split). PACK also keeps a PP replica that fits one node on one node.
+    """
+    return "STRICT_PACK" if phase.pipeline_parallel_size == 1 else "PACK"
+
+
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in extra.items():
@@ -57,6 +77,8 @@ def llm_config(spec: ReleaseSpec, name: str) -> dict[str, Any]:
             "kv_connector_extra_config": {"backends": list(kv.backends)},
         },
     }
+    if phase.pipeline_parallel_size > 1:   # vLLM's default is 1: leave it out so PP-less renders stay as they were
+        engine["pipeline_parallel_size"] = phase.pipeline_parallel_size
     if spec.model.max_model_len:
         engine["max_model_len"] = spec.model.max_model_len
     if spec.accelerator.kind == "cpu":
@@ -67,7 +89,7 @@ def llm_config(spec: ReleaseSpec, name: str) -> dict[str, Any]:
         "accelerator_config": {"kind": spec.accelerator.kind},
         "placement_group_config": {
             "bundle_per_worker": {device: 1, PHASE_RESOURCE[name]: 1},
-            "strategy": "STRICT_PACK",
+            "strategy": placement_strategy(phase),
         },
         "deployment_config": _deployment_config(phase),
         "log_engine_metrics": True,

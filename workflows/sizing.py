@@ -1,12 +1,17 @@
 """Sizing: does the model fit each phase, how much KV each replica holds, is P/D justified.
 
 Per phase, from the model's shape and the rendered release (so `check -f` sizes too):
-  weights per GPU          = parameters x dtype bytes / TP
+  weights per GPU          = parameters x dtype bytes / TP x (layers of the largest stage / layers)
   KV bytes per token       = 2 (K and V) x layers x KV heads x head_dim x KV dtype bytes
   per GPU, vLLM shards KV heads over TP: max(1, KV heads // TP) heads each
                              (vllm/config/model.py ModelConfig.get_num_kv_heads)
+                             and layers over PP stages: ceil(layers / PP) on the largest stage
+                             (vllm/distributed/utils.py get_pp_indices gives the remainder to the
+                             stages before the last)
   KV tokens per replica    = (GPU memory x gpu_memory_utilization - weights per GPU) / KV bytes per token per GPU
   max sequences            = KV tokens per replica // max_model_len
+With PP the embeddings sit on the first stage and the LM head on the last (about 1% of a 405B
+model's weights, 0.5 GiB per GPU at TP 8): the per-stage share of the layers ignores them.
 This is an upper bound: vLLM also sets aside its profiled peak activation memory and CUDA graphs
 before the KV cache (vllm/v1/worker/gpu_worker.py determine_available_memory). On CPU the KV room
 is VLLM_CPU_KVCACHE_SPACE GiB per engine and the weights live in the pod's memory.
@@ -117,6 +122,9 @@ class PhaseSize:
     max_sequences: int | None
     load_tokens: int | None = None  # KV the spec's heaviest load needs in this phase at once
     load: str = ""
+    pp: int = 1                    # pipeline stages per replica
+    nodes_per_replica: int = 1     # worker pods (nodes) one replica spans
+    weights_gib: float = 0.0       # whole model
 
     @property
     def holds_weights(self) -> bool:
@@ -127,22 +135,29 @@ class PhaseSize:
         return asdict(self) | {"holds_weights": self.holds_weights}
 
 
-def kv_bytes_per_token(arch: Architecture, kv_dtype: str | None, tp: int = 1) -> float:
+def stage_layers(arch: Architecture, pp: int) -> int:
+    """Layers on the largest pipeline stage (vllm/distributed/utils.py get_pp_indices)."""
+    return -(-arch.layers // pp)
+
+
+def kv_bytes_per_token(arch: Architecture, kv_dtype: str | None, tp: int = 1, pp: int = 1) -> float:
+    """KV bytes one token takes: the whole model at tp=pp=1, else on one GPU of the largest stage."""
     dtype = arch.dtype if not kv_dtype or kv_dtype == "auto" else ("fp8" if kv_dtype.startswith("fp8") else kv_dtype)
     heads = max(1, arch.kv_heads // tp)
-    return 2 * arch.layers * heads * arch.head_dim * DTYPE_BYTES.get(dtype, 2.0)
+    return 2 * stage_layers(arch, pp) * heads * arch.head_dim * DTYPE_BYTES.get(dtype, 2.0)
 
 
 def phase_size(arch: Architecture, phase: str, node: str, tp: int, replicas: int, device_memory_gib: float,
                utilization: float | None, kv_dtype: str | None, max_model_len: int | None,
-               kv_space_gib: float | None = None) -> PhaseSize:
-    weights = arch.weight_bytes / tp / GIB
-    per_device = kv_bytes_per_token(arch, kv_dtype, tp)
+               kv_space_gib: float | None = None, pp: int = 1, nodes_per_replica: int = 1) -> PhaseSize:
+    weights = arch.weight_bytes / tp / GIB * stage_layers(arch, pp) / arch.layers
+    per_device = kv_bytes_per_token(arch, kv_dtype, tp, pp)
     room = kv_space_gib if kv_space_gib is not None else max(0.0, device_memory_gib * (utilization or 1.0) - weights)
     tokens = int(room * GIB // per_device)
     return PhaseSize(phase, node, tp, replicas, device_memory_gib, utilization, weights,
                      kv_bytes_per_token(arch, kv_dtype), per_device, room, tokens, max_model_len,
-                     tokens // max_model_len if max_model_len else None)
+                     tokens // max_model_len if max_model_len else None,
+                     pp=pp, nodes_per_replica=nodes_per_replica, weights_gib=arch.weight_bytes / GIB)
 
 
 def load_demand(spec: ReleaseSpec, phase: str) -> tuple[int, str] | None:

@@ -99,6 +99,12 @@ class Phase(_Strict):
     """How one phase (prefill or decode) is sized. Each replica is one vLLM engine."""
 
     tensor_parallel_size: PositiveInt = Field(1, le=64)
+    # Pipeline stages per replica (vLLM's pipeline_parallel_size): each stage holds layers/PP of the
+    # model on TP GPUs, so one replica takes TP x PP GPUs and, past one pod's GPUs, spans
+    # TP x PP / (GPUs per pod) worker pods (nodes). TP stays within a node, PP crosses nodes
+    # (vLLM's Ray executor orders ranks node by node, vllm/v1/executor/ray_executor.py
+    # sort_by_driver_then_worker_ip, and builds pp_tp_workers as [pp_rank][tp_rank]).
+    pipeline_parallel_size: PositiveInt = Field(1, le=64)
     replicas: PositiveInt | None = Field(None, le=1000)
     autoscaling: Autoscaling | None = None
     max_ongoing_requests: PositiveInt = Field(64, le=100000)
@@ -110,7 +116,9 @@ class Phase(_Strict):
     @classmethod
     def _not_owned(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
         # The spec's own field would silently lose, and checks would read a value of any type.
-        owned = {"tensor_parallel_size": "tensor_parallel_size of this phase", "max_model_len": "model.max_model_len"}
+        owned = {"tensor_parallel_size": "tensor_parallel_size of this phase",
+                 "pipeline_parallel_size": "pipeline_parallel_size of this phase",
+                 "max_model_len": "model.max_model_len"}
         for key in owned.keys() & kwargs.keys():
             raise ValueError(f"engine_kwargs.{key} is set by the spec: use {owned[key]}")
         if not isinstance(kwargs.get("kv_transfer_config", {}), dict):
@@ -138,6 +146,11 @@ class Phase(_Strict):
     @property
     def max_replicas(self) -> int:
         return self.autoscaling.max_replicas if self.autoscaling else int(self.replicas or 1)
+
+    @property
+    def devices(self) -> int:
+        """GPUs (vLLM workers) one replica takes: TP x PP."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 INSTANCE_TYPE = r"^[a-z0-9][a-z0-9-]*\.[a-z0-9]+$"

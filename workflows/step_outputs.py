@@ -10,8 +10,12 @@ asked only to roll back). The last writer wins: Argo keeps the newest value of a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from validation.reports.bench import BenchReport, Quantiles
 
 VERDICTS = ("checked", "blocked", "pending", "dry-run", "promote", "rollback", "failed", "rolled-back")
 # Headline figures of the first benchmark; the workflow's gauges (argo.GAUGES) read them.
@@ -19,26 +23,28 @@ FIGURES = ("ttft-p50-ms", "ttft-p99-ms", "itl-p50-ms", "itl-p99-ms", "kv-prompt-
 SUMMARY_MAX = 200_000   # bytes: Argo stores output parameters in the Workflow object (etcd's 1.5 MiB limit)
 
 
-def _get(d: Any, *path: str) -> Any:
-    for key in path:
-        d = d.get(key) if isinstance(d, dict) else None
-    return d
-
-
-def figures(benches: list[dict] | None) -> dict[str, str]:
+def figures(benches: Sequence[BenchReport | dict[str, Any]] | None) -> dict[str, str]:
     """The first bench's headline latencies and KV tokens; NaN where it has none (never a fake 0)."""
-    bench = (benches or [{}])[0] if isinstance((benches or [{}])[0], dict) else {}
+    from validation.reports.bench import BenchReport
 
-    def num(*path: str) -> str:
-        value = _get(bench, *path)
-        return f"{float(value):g}" if isinstance(value, (int, float)) and math.isfinite(value) else "NaN"
+    bench = BenchReport.coerce(benches[0]) if benches else None
 
-    return {"ttft-p50-ms": num("ttft_ms", "p50"), "ttft-p99-ms": num("ttft_ms", "p99"),
-            "itl-p50-ms": num("itl_ms", "p50"), "itl-p99-ms": num("itl_ms", "p99"),
-            "kv-prompt-tokens": num("server", "kv", "external_kv_prompt_tokens")}
+    def num(value: float | None) -> str:
+        return f"{float(value):g}" if value is not None and math.isfinite(value) else "NaN"
+
+    def q(summary: Quantiles | None, p: str) -> str:
+        return num(getattr(summary, p) if summary is not None else None)
+
+    kv = bench.server.kv if bench is not None and bench.server is not None else None
+    return {"ttft-p50-ms": q(bench.ttft_ms if bench else None, "p50"),
+            "ttft-p99-ms": q(bench.ttft_ms if bench else None, "p99"),
+            "itl-p50-ms": q(bench.itl_ms if bench else None, "p50"),
+            "itl-p99-ms": q(bench.itl_ms if bench else None, "p99"),
+            "kv-prompt-tokens": num(kv.external_kv_prompt_tokens if kv is not None else None)}
 
 
-def write(out: str | Path | None, verdict: str, summary: str, benches: list[dict] | None = None) -> None:
+def write(out: str | Path | None, verdict: str, summary: str,
+          benches: Sequence[BenchReport | dict[str, Any]] | None = None) -> None:
     """Write `verdict`, `summary` (and with `benches`, the figures) under `out`; no-op without `out`."""
     if out is None:
         return

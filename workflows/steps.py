@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from workflows.checks.findings import Finding
 from workflows.checks.rules import lint
@@ -15,6 +16,10 @@ from workflows.manifest import Rendered, load_manifest, render
 from workflows.serve_config import build_serve_config, validate_with_ray
 from workflows.spec import ReleaseSpec, load_spec
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, Skipped, Target, TargetError
+
+if TYPE_CHECKING:
+    from validation.reports import BenchReport, Decision, DiffReport, GoldenReport, ReportFiles, ReleaseOutcome
+    from validation.config import LoadProfile
 
 
 def build_config(overlay: Path) -> dict[str, Any]:
@@ -107,6 +112,19 @@ def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
     return out
 
 
+@dataclass
+class Validation:
+    """What validating a slot produced: the gate's decision and the reports it judged."""
+
+    decision: Decision
+    report: ReportFiles
+    benches: list[BenchReport]
+    golden: GoldenReport | None = None
+    diff: DiffReport | None = None
+    release: str | None = None      # the slot's release (ReleaseRecord.short), set by validate_slot
+    stable_benches: list[BenchReport] | None = None   # stable measured live beside the candidate (interleaved)
+
+
 def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progress: Progress,
                        reference: list[dict] | None, stable: list[dict] | None = None,
                        api_key: str | None = None, current: Callable[[], Endpoint] | None = None,
@@ -114,7 +132,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                        release_file: Path | None = None,
                        reference_server: Callable[[], AbstractContextManager[str | Skipped | None]] | None = None,
                        stable_endpoint: Endpoint | None = None,
-                       ) -> dict[str, Any]:
+                       ) -> Validation:
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
     `stable`: the baseline benches `vs_stable` compares against (`stable_baseline`).
     `current` re-reads the candidate's endpoint after validation, to see engines that were replaced.
@@ -132,8 +150,9 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     compat = compat_suite.run(endpoint.base_url, spec.model.id, api_key=api_key, optional=policy.optional,
                               api_key_required=policy.api_key_required, progress=progress, timeout=timeout)
     _dump(run / "compat.json", compat)
-    def bench_of(load, warmup: int, seed: int, on: Endpoint = endpoint, requests: int | None = None,
-                 duration: float | None = None) -> dict:
+
+    def bench_of(load: LoadProfile, warmup: int, seed: int, on: Endpoint = endpoint, requests: int | None = None,
+                 duration: float | None = None) -> BenchReport:
         requests = requests if requests is not None else (load.requests if not load.duration_s else None)
         duration = duration if duration is not None else load.duration_s
         trace = traces.load(load.trace, load.trace_format, load.time_scale, load.requests) if load.trace else None
@@ -148,25 +167,25 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           tokenizer=on.tokenizer, isolate=True, seed=seed)
         if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from validation.cost import bench_cost
-            bench["cost"] = bench_cost(bench, spec, rendered)
+            bench.cost = bench_cost(bench, spec, rendered)
         return bench
 
     vs = spec.slo.vs_stable
     live = stable_endpoint if vs is not None and vs.measure == "live" else None
-    live_stable: list[dict] = []
+    live_stable: list[BenchReport] = []
 
-    def measure(i: int, load, warmup: int, seed: int) -> dict:
+    def measure(i: int, load: LoadProfile, warmup: int, seed: int) -> BenchReport:
         """One look at load #i: on the candidate only, or interleaved with the serving stable slot."""
-        if live is None:
+        if live is None or vs is None:
             return bench_of(load, warmup, seed)
         from validation import interleave
 
-        assert vs is not None
+        on_stable = live
         progress(f"[validate] load #{i} {load.profile}: candidate and stable interleaved "
                  f"({vs.blocks} blocks each, slo.vs_stable.measure: live)")
         cand, stab = interleave.measure(
-            lambda side, n, dur, w, k: bench_of(load, w, seed * 100 + k, endpoint if side == "candidate" else live,
-                                                n, dur),
+            lambda side, n, dur, w, k: bench_of(load, w, seed * 100 + k,
+                                                endpoint if side == "candidate" else on_stable, n, dur),
             load.requests if not load.duration_s else None, load.duration_s, warmup, vs.blocks, bool(load.trace))
         if i < len(live_stable):
             live_stable[i] = sequential.merge_bench(live_stable[i], stab)
@@ -175,14 +194,15 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         _dump(run / f"stable-bench-{i}-{load.profile}.json", live_stable[i])
         return cand
 
-    benches = []
+    benches: list[BenchReport] = []
     for i, load in enumerate(spec.validation.load):
         bench = measure(i, load, load.warmup_requests, 0)
         _dump(run / f"bench-{i}-{load.profile}.json", bench)
         benches.append(bench)
     if live is not None:
-        stable = live_stable
-    matched = diffed = None
+        stable = live_stable   # type: ignore[assignment]   # BenchReports; gate.decide coerces either
+    matched: GoldenReport | None = None
+    diffed: DiffReport | None = None
     want_diff = spec.validation.diff and release_file is not None
     want_golden = reference is None and spec.validation.golden_prompts > 0
     server: AbstractContextManager[str | Skipped | None] = nullcontext(reference_url)
@@ -208,7 +228,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             matched = golden.compare(reference, answers)
             _dump(run / "golden.json", matched)
         # pdops diff (validation/diff/release.py): P/D vs the single-engine reference, request by request
-        if want_diff and ref_url:
+        if want_diff and ref_url and release_file is not None:
             from validation.diff.release import for_release
 
             progress(f"[validate] differential suite: candidate vs single-engine reference {ref_url}")
@@ -221,9 +241,9 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     look = 1
     # slo.statistics.inconclusive: extend, looks remaining (validation/sequential.py); after the reference
     # engine has stopped, so the extra loads have the machine the first ones had
-    while decision.get("extend"):
+    while decision.extend:
         look += 1
-        for i in decision["extend"]:
+        for i in decision.extend:
             load = spec.validation.load[i]
             progress(f"[validate] load #{i} {load.profile} inconclusive: look {look} of "
                      f"{spec.slo.statistics.max_looks}, the same load again")
@@ -235,11 +255,11 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         files = report.write(run, decision, compat, benches)
     except OSError as exc:
         raise RunFolderError(run, exc) from exc
-    return {"decision": decision, "report": files, "golden": matched, "benches": benches, "diff": diffed,
-            "stable_benches": live_stable if live is not None else None}
+    return Validation(decision=decision, report=files, golden=matched, benches=benches, diff=diffed,
+                      stable_benches=live_stable if live is not None else None)
 
 
-def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[dict] | None:
+def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[dict[str, Any]] | None:
     """The benches `vs_stable` compares a candidate with: those recorded when `record` was promoted
     (kept in the target's history, so the Argo pipeline has them without the earlier run's files),
     else its report folder's (local releases promoted before baselines were recorded)."""
@@ -250,10 +270,11 @@ def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[di
     if not record.report:
         return None
     try:
-        return json.loads((Path(record.report) / "report.json").read_text()).get("benches")
+        benches = json.loads((Path(record.report) / "report.json").read_text()).get("benches")
     except (OSError, ValueError, AttributeError):
         progress(f"[validate] the stable release's report is unreadable ({record.report}); no vs-stable check")
         return None
+    return benches if isinstance(benches, list) else None
 
 
 _FETCH = object()   # validate_slot: ask the target for the golden reference
@@ -261,7 +282,7 @@ _FETCH = object()   # validate_slot: ask the target for the golden reference
 
 def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progress, *,
                   slot: str = "candidate", digest: str | None = None, reference: Any = _FETCH,
-                  api_key: str | None = None, rendered: Rendered | None = None) -> dict[str, Any]:
+                  api_key: str | None = None, rendered: Rendered | None = None) -> Validation:
     """Validate what a slot serves with the overlay's `validation` and `slo`: the stage `pdops release`
     runs after rollout, and what the Argo `validate` step (candidate) and pd-canary (stable) run.
 
@@ -305,7 +326,7 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
                                 release_file=release_file,
                                 reference_server=lambda: target.reference_server(record, progress),
                                 stable_endpoint=stable_endpoint)
-    result["release"] = record.short()
+    result.release = record.short()
     return result
 
 
@@ -338,23 +359,30 @@ def _write(path: Path, text: str) -> None:
 
 
 def _dump(path: Path, data: Any) -> None:
-    _write(path, json.dumps(data, indent=2, default=str))
+    """A report model as its JSON (validation/reports/), anything else as JSON."""
+    from pydantic import BaseModel
+
+    _write(path, data.model_dump_json(indent=2, by_alias=True, fallback=str) if isinstance(data, BaseModel)
+           else json.dumps(data, indent=2, default=str))
 
 
 def release(overlay: Path, target: Target, run: Path, progress: Progress, *, revision: str | None = None,
-            ready_timeout_s: float = 1200, schema_dir: Path | None = None, api_key: str | None = None) -> dict:
+            ready_timeout_s: float = 1200, schema_dir: Path | None = None,
+            api_key: str | None = None) -> ReleaseOutcome:
     """One release end to end. Returns the outcome (also written to RUN/release.json).
 
     Nothing is applied before build-config and every check pass. Once the candidate is applied,
     every way out (verdict rollback, target failure, crash of a step, Ctrl-C) ends in rollback, so
     the stable slot is never left beside a half-done candidate."""
+    from validation.reports.release import ReleaseOutcome, ReleaseVerdict
     from workflows.checks.schema import schema_dir_from_env
 
     started = time.monotonic()
-    outcome: dict[str, Any] = {"overlay": str(overlay), "run": str(run), "target": target.kind}
+    outcome = ReleaseOutcome(overlay=str(overlay), run=str(run), target=target.kind)
 
-    def finish(verdict: str, reasons: list[str], **extra: Any) -> dict:
-        outcome.update(verdict=verdict, reasons=reasons, seconds=round(time.monotonic() - started, 1), **extra)
+    def finish(verdict: ReleaseVerdict, reasons: list[str], action: str | None = None) -> ReleaseOutcome:
+        outcome.verdict, outcome.reasons, outcome.action = verdict, reasons, action
+        outcome.seconds = round(time.monotonic() - started, 1)
         try:
             _dump(run / "release.json", outcome)
         except RunFolderError as exc:  # the verdict stands: it is printed and in the target's history
@@ -378,7 +406,7 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
     spec = rendered.spec
     assert spec is not None
     record = record_of(rendered, revision or revision_of(overlay))
-    outcome.update(release=record.short(), digest=record.digest, revision=record.revision)
+    outcome.release, outcome.digest, outcome.revision = record.short(), record.digest, record.revision
 
     with target.session():
         status = target.status()
@@ -420,12 +448,12 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
             progress(f"[5/5 rollback] release interrupted ({type(exc).__name__}): undoing the candidate")
             target.rollback([f"release interrupted: {type(exc).__name__}: {exc}"], str(run), progress)
             raise
-        decision = result["decision"]
-        outcome.update(report=result["report"], checks_failed=decision["failed"], checks_passed=decision["passed"])
-        if decision["verdict"] == "promote":
+        decision = result.decision
+        outcome.report, outcome.checks_failed, outcome.checks_passed = result.report, decision.failed, decision.passed
+        if decision.verdict == "promote":
             progress("[5/5 promote] every gate passed")
-            target.promote(decision["reasons"], str(run), progress, baseline=baseline_of(str(run)))
-            return finish("promote", decision["reasons"])
-        progress(f"[5/5 rollback] {decision['failed']} gate check(s) failed")
-        undo = target.rollback(decision["reasons"], str(run), progress)
-        return finish("rollback", decision["reasons"], action=undo)
+            target.promote(decision.reasons, str(run), progress, baseline=baseline_of(str(run)))
+            return finish("promote", decision.reasons)
+        progress(f"[5/5 rollback] {decision.failed} gate check(s) failed")
+        undo = target.rollback(decision.reasons, str(run), progress)
+        return finish("rollback", decision.reasons, action=undo)

@@ -59,16 +59,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except RunFolderError as exc:
         reasons = [f"validation could not record its results: {exc}"]
     else:
-        decision = result["decision"]
+        decision = result.decision
         summary = (run / "summary.md").read_text(encoding="utf-8") if (run / "summary.md").is_file() else \
-            step_outputs.lines(decision["verdict"], decision["reasons"])
-        step_outputs.write(args.outputs, decision["verdict"], summary, result.get("benches") or [])
-        lines = [f"{decision['verdict'].upper()}: {result['release']} ({decision['passed']} checks passed, "
-                 f"{decision['failed']} failed)", *(f"  - {r}" for r in decision["reasons"][:12]),
-                 f"report: {result['report']['markdown']}"]
-        _emit(args, {"verdict": decision["verdict"], "release": result["release"], "reasons": decision["reasons"],
-                     "run": str(run), "report": result["report"]}, "\n".join(lines))
-        return 0 if decision["verdict"] == "promote" else 1
+            step_outputs.lines(decision.verdict, decision.reasons)
+        step_outputs.write(args.outputs, decision.verdict, summary, result.benches)
+        lines = [f"{decision.verdict.upper()}: {result.release} ({decision.passed} checks passed, "
+                 f"{decision.failed} failed)", *(f"  - {r}" for r in decision.reasons[:12]),
+                 f"report: {result.report.markdown}"]
+        _emit(args, {"verdict": decision.verdict, "release": result.release, "reasons": decision.reasons,
+                     "run": str(run), "report": result.report.json_data()}, "\n".join(lines))
+        return 0 if decision.verdict == "promote" else 1
     step_outputs.write(args.outputs, "failed", step_outputs.lines(f"failed: validation of the {args.slot}", reasons))
     _emit(args, {"verdict": "failed", "reasons": reasons, "run": str(run)},
           "FAILED: " + reasons[0] + "".join(f"\n  - {r}" for r in reasons[1:]))

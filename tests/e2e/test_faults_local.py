@@ -135,9 +135,9 @@ def test_candidate_answering_5xx_and_hanging_mid_stream_rolls_back(stack, stable
         out = steps.release(overlay, target, steps.new_run_dir(tmp_path / "runs", "local"), print,
                             revision="fault-proxy")
         took = time.monotonic() - started
-    print(f"fault 5xx+hang: {proxy.injected} injected, verdict {out['verdict']} in {took:.0f}s, stable {users}")
+    print(f"fault 5xx+hang: {proxy.injected} injected, verdict {out.verdict} in {took:.0f}s, stable {users}")
     assert proxy.injected["5xx"] > 0 and proxy.injected["hang"] > 0
-    assert out["verdict"] == "rollback" and any("error rate" in r for r in out["reasons"]), out["reasons"]
+    assert out.verdict == "rollback" and any("error rate" in r for r in out.reasons), out.reasons
     assert users.ok == users.sent > 0
     st = assert_stable_kept(stack, stable_digest)
     assert st["history"][-1]["verdict"] == "rollback" and st["history"][-1]["revision"] == "fault-proxy"

@@ -5,30 +5,15 @@ minute to start on 2 cores). Asserts on case outcomes and token counts, never on
 """
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
-    """The local target's single-engine reference server (the golden-token check's), on its own."""
-    from workflows.targets.local_stack import ReferenceEngine
-    from workflows.tiny_model import build
-
-    engine = ReferenceEngine(tmp_path_factory.mktemp("vllm"), _free_port(), str(build("pdops-tiny")), "pdops-tiny",
-                             {"enforce_eager": True, "max_model_len": 1024})
-    with engine:
-        engine.wait_ready(lambda _: None, timeout_s=600)
-        yield engine.base_url.removesuffix("/v1")
+def vllm_server(real_vllm):
+    """The shared real engine (tests/integration/conftest.py), as a server root."""
+    return real_vllm.removesuffix("/v1")
 
 
 def test_compat_suite_passes_on_real_vllm(vllm_server):
@@ -36,7 +21,7 @@ def test_compat_suite_passes_on_real_vllm(vllm_server):
 
     result = compat.run(vllm_server + "/v1", "pdops-tiny", api_key=None, optional=[],
                         api_key_required=False, only=None, progress=lambda _: None)
-    cases = {c["name"]: c["status"] for c in result["cases"]}
+    cases = {c.name: c.status for c in result.cases}
     failed = {n: s for n, s in cases.items() if s == "fail"}
     assert failed == {}, result
     assert cases["auth_401"] == "skip" and cases["determinism"] == "pass"
@@ -48,11 +33,11 @@ def test_bench_measures_real_vllm_and_joins_server_histograms(vllm_server):
 
     result = run_bench(vllm_server + "/v1", "pdops-tiny", profiles.custom(32, 16), concurrency=2, requests=6,
                        metrics_url=vllm_server + "/metrics")
-    assert result["requests_ok"] == 6 and result["errors"] == 0
-    assert result["lengths"]["output_mismatches"] == 0  # ignore_eos: exactly the asked-for tokens, by usage
-    server = result["server"]["histograms"]["time_to_first_token_seconds"]
-    assert server["metric"] == "vllm:time_to_first_token_seconds" and server["count"] == 6
+    assert result.requests_ok == 6 and result.errors == 0
+    assert result.lengths.output_mismatches == 0  # ignore_eos: exactly the asked-for tokens, by usage
+    server = result.server.histograms["time_to_first_token_seconds"]
+    assert server.metric == "vllm:time_to_first_token_seconds" and server.count == 6
     # TPOT is 0 for a request whose tokens all came in its first chunk (vLLM coalesces when the
     # client lags; seen in a CI run), so it is bounded, not required to be positive.
-    assert 0 < result["ttft_ms"]["p50"] <= result["e2e_ms"]["p50"]
-    assert 0 <= result["tpot_ms"]["p50"] <= result["e2e_ms"]["p50"]
+    assert 0 < result.ttft_ms.p50 <= result.e2e_ms.p50
+    assert 0 <= result.tpot_ms.p50 <= result.e2e_ms.p50

@@ -7,29 +7,15 @@ noise of its own on a real engine, so a divergence on the P/D stack is the stack
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory):
-    from workflows.targets.local_stack import ReferenceEngine
-    from workflows.tiny_model import build
-
-    engine = ReferenceEngine(tmp_path_factory.mktemp("vllm"), _free_port(), str(build("pdops-tiny")), "pdops-tiny",
-                             {"enforce_eager": True, "max_model_len": 1024})
-    with engine:
-        engine.wait_ready(lambda _: None, timeout_s=600)
-        yield engine.base_url
+def vllm_url(real_vllm):
+    return real_vllm
 
 
 def test_a_real_engine_diffed_against_itself_is_all_same(vllm_url, tmp_path):

@@ -73,9 +73,9 @@ def test_the_gate_blocks_an_unexpected_divergence_and_passes_a_known_one(overlay
     with DiffFake(model="pdops-tiny") as ref, DiffFake(model="pdops-tiny", plant=Plant(wrong_tokens_on_prompt=1)) as cand:
         out = steps.validate_candidate(Endpoint(base_url=cand.base_url), spec, run, lambda _: None, None,
                                        reference_url=ref.base_url, release_file=overlay / "release.yaml")
-    check = next(c for c in out["decision"]["checks"] if c["check"] == "diff")
-    assert check["ok"] is verdict_ok, check["message"]
-    assert ("3 known, 0 differ" if verdict_ok else "0 known, 3 differ") in check["message"]
+    check = next(c for c in out.decision.checks if c.check == "diff")
+    assert check.ok is verdict_ok, check.message
+    assert ("3 known, 0 differ" if verdict_ok else "0 known, 3 differ") in check.message
     assert (run / "diff.json").exists() and "scenario:batch" in (run / "diff.md").read_text()
 
 
@@ -91,9 +91,9 @@ def test_the_release_runs_golden_tokens_and_the_diff_on_one_reference_the_target
         target.reference_url = ref.base_url
         run = steps.new_run_dir(tmp_path / "runs", "local")
         out = steps.release(overlay, target, run, lambda m: None, revision="test")
-    assert out["verdict"] == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
+    assert out.verdict == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
     assert target.reference_servers == 1
-    assert any("differ" in r for r in out["reasons"]), out["reasons"]
+    assert any("differ" in r for r in out.reasons), out.reasons
     golden = json.loads((run / "golden.json").read_text())   # chat prompts: the planted batch bug spares them
     assert len(golden["cases"]) == 4 and all(c["ok"] for c in golden["cases"]), golden
     assert (run / "diff.json").exists()

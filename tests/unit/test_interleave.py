@@ -46,10 +46,11 @@ def test_abba_cancels_linear_drift_that_ab_puts_on_one_side():
     cand, stab = interleave.measure(drifting_runner(calls), 64, None, 2, 4)
     assert [c[0][0] for c in calls] == list("cssccssc") and [c[1] for c in calls] == [16] * 8
     assert [c[2] for c in calls] == [2, 2, 0, 0, 0, 0, 0, 0]   # each side's first block is warmed up
-    assert cand["requests_ok"] == stab["requests_ok"] == 64 and cand["interleaved"]["order"] == "CSSCCSSC"
-    live_gap = statistics.mean(cand["samples"]["ttft"]) - statistics.mean(stab["samples"]["ttft"])
+    assert cand.requests_ok == stab.requests_ok == 64 and cand.interleaved.order == "CSSCCSSC"
+    assert cand.looks is None and len(cand.interleaved.per_block) == 4
+    live_gap = statistics.mean(cand.samples.ttft) - statistics.mean(stab.samples.ttft)
     ab_c, ab_s = interleave.measure(drifting_runner([]), 64, None, 0, 1)
-    ab_gap = statistics.mean(ab_c["samples"]["ttft"]) - statistics.mean(ab_s["samples"]["ttft"])
+    ab_gap = statistics.mean(ab_c.samples.ttft) - statistics.mean(ab_s.samples.ttft)
     assert abs(live_gap) == 0.0 and ab_gap == -64.0   # AB: the whole drift lands on stable
 
 
@@ -75,7 +76,7 @@ def slots(server, faster_stable, overlay, tmp_path, vs_stable):
     target = TwoSlotTarget(endpoint(server), endpoint(faster_stable))
     out, _ = steps.release(overlay, target, steps.new_run_dir(tmp_path / "runs", "local"), lambda m: None,
                            revision="first"), None
-    assert out["verdict"] == "promote", out["reasons"]
+    assert out.verdict == "promote", out.reasons
     stable = target.stable.model_copy(update={"baseline": target.baseline, "report": "/gone", "verdict": "promote"})
     target.status = lambda: TargetStatus(  # type: ignore[method-assign]
         target="recording", stable=SlotStatus(slot="stable", release=stable, state="ready"),
@@ -96,12 +97,12 @@ def test_live_stable_is_measured_in_the_release_and_a_slower_candidate_fails(
     (tmp_path / "v").mkdir()
     result = steps.validate_slot(target, rendered.spec, tmp_path / "v", logs.append, digest=target.candidate.digest)
     assert target.asked.count("stable") == 1 and any("interleaved" in m for m in logs), logs
-    (stab,) = result["stable_benches"]
-    assert stab["requests_ok"] == 8 and stab["interleaved"]["order"] == "CSSC"
+    (stab,) = result.stable_benches
+    assert stab.requests_ok == 8 and stab.interleaved.order == "CSSC"
     assert (tmp_path / "v" / "stable-bench-0-balanced.json").exists()
-    failed = [c["check"] for c in result["decision"]["checks"] if not c["ok"]]
+    failed = [c.check for c in result.decision.checks if not c.ok]
     # the recorded baseline (the candidate's own speed) would pass; the live stable is 10x faster
-    assert failed == ["vs_stable_ttft_p90"], result["decision"]["reasons"]
+    assert failed == ["vs_stable_ttft_p90"], result.decision.reasons
 
 
 def test_recorded_measure_keeps_the_baseline_and_leaves_stable_unloaded(
@@ -110,5 +111,5 @@ def test_recorded_measure_keeps_the_baseline_and_leaves_stable_unloaded(
     target, rendered = slots(server, faster_stable, overlay, tmp_path, {"ttft_p90": 1.5, "measure": "recorded"})
     (tmp_path / "v").mkdir()
     result = steps.validate_slot(target, rendered.spec, tmp_path / "v", lambda m: None, digest=target.candidate.digest)
-    assert "stable" not in target.asked and result["stable_benches"] is None
-    assert not [c for c in result["decision"]["checks"] if not c["ok"]], result["decision"]["reasons"]
+    assert "stable" not in target.asked and result.stable_benches is None
+    assert not [c for c in result.decision.checks if not c.ok], result.decision.reasons

@@ -31,10 +31,11 @@ def test_candidate_metrics_come_from_every_worker_pod_per_phase_with_kv_transfer
                if p["metadata"]["labels"]["pdops.dev/colour"] == "green" and p["metadata"]["labels"]["ray.io/node-type"] == "worker"}
     bench = run_bench(cluster.resolve(endpoint.base_url), "pdops-tiny", profiles.get("balanced"), concurrency=2, requests=6,
                       metrics_url=_resolve(cluster, endpoint.metrics_url), metrics_lag_s=endpoint.metrics_lag_s)
-    server = bench["server"]
-    assert bench["requests_ok"] == 6 and "error" not in server
-    assert server["kv"]["kv_transfer_observed"] and server["requests_seen"] == 6
-    assert {phase: h["time_to_first_token_seconds"]["count"] for phase, h in server["phases"].items()} == {"prefill": 6, "decode": 6}
+    server = bench.server
+    assert bench.requests_ok == 6 and server is not None and server.error is None
+    assert server.kv is not None and server.kv.kv_transfer_observed and server.requests_seen == 6
+    assert {phase: h["time_to_first_token_seconds"].count for phase, h in (server.phases or {}).items()} == \
+        {"prefill": 6, "decode": 6}
     assert {u.split("//")[1].split(":")[0] for u in endpoint.metrics_url.split(",")} == workers
 
 

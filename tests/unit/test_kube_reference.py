@@ -75,7 +75,7 @@ def _validate(target, rec, overlay, tmp_path, progress):
     run.mkdir()
     out = steps.validate_slot(target, load_spec(overlay), run, progress, digest=rec.digest,
                               rendered=render(overlay, validate_serve_config=False))
-    return {c["check"]: c for c in out["decision"]["checks"]}, run
+    return {c.check: c for c in out.decision.checks}, run
 
 
 def _reference_writes(cluster) -> list:
@@ -111,13 +111,13 @@ def test_validate_creates_the_reference_compares_golden_tokens_and_the_diff_then
 
     golden = json.loads((run / "golden.json").read_text())
     assert golden["prompts"] == 4 and golden["ok"], golden   # golden prompts are single completions: spared
-    assert checks["golden_tokens"]["ok"]
+    assert checks["golden_tokens"].ok
     diff = json.loads((run / "diff.json").read_text())
     assert diff["summary"]["reference_url"] == f"http://{REF}-serve-svc.{LOCAL_NS}.svc.cluster.local:8000/v1"
     if planted:
-        assert not checks["diff"]["ok"] and "cmpl_batch_prompts" in checks["diff"]["message"]
+        assert not checks["diff"].ok and "cmpl_batch_prompts" in checks["diff"].message
     else:
-        assert checks["diff"]["ok"], checks["diff"]["message"]
+        assert checks["diff"].ok, checks["diff"].message
         assert diff["summary"]["differs"] == 0 and diff["summary"]["same"] > 100
     assert any(line.startswith(f"[reference] {REF}: RUNNING") for line in progress)
     assert f"[reference] deleted RayService/{REF}" in progress
@@ -139,9 +139,9 @@ def test_no_room_for_a_decode_pod_skips_both_checks_with_the_reason_and_applies_
     progress = Lines()
     checks, run = _validate(target, rec, overlay, tmp_path, progress)
     for name in ("golden_tokens", "diff"):
-        assert checks[name]["ok"] and checks[name]["verdict"] == "skipped"
-        assert "skipped: no room for one decode pod: decode pod 1/1 (cpu=" in checks[name]["message"]
-        assert "fits on no node — cpu-1: cpu=0" in checks[name]["message"]
+        assert checks[name].ok and checks[name].verdict == "skipped"
+        assert "skipped: no room for one decode pod: decode pod 1/1 (cpu=" in checks[name].message
+        assert "fits on no node — cpu-1: cpu=0" in checks[name].message
     assert "| golden_tokens |  | ✔ | skipped | golden tokens skipped: no room for one decode pod" in (run / "summary.md").read_text()
     assert any(line.startswith("[reference] skipped: no room for one decode pod") for line in progress)
     assert _reference_writes(dns) == [] and not (run / "diff.json").exists()

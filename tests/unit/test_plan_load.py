@@ -16,11 +16,11 @@ def test_jittered_fake_to_samples_to_plan_load(tmp_path, capsys):
     with KnownTimingServer(first_token_delay=0.05, inter_token_delay=0.004, tokens=12, ttft_spread=0.4,
                            itl_spread=0.2, gap_spread=0.0, jitter_seed=3) as srv:
         b = run_bench(srv.base_url, srv.model, profiles.get("balanced"), concurrency=8, requests=120, seed=1)
-    s = b["samples"]
-    assert len(s["ttft"]) == len(s["itl_counts"]) == 120 and sum(s["itl_counts"]) == len(s["itl"]) == 120 * 11
+    s = b.samples
+    assert len(s.ttft) == len(s.itl_counts) == 120 and sum(s.itl_counts) == len(s.itl) == 120 * 11
     # the configured spread comes back (client overhead adds ~1 ms to a 50 ms median)
-    assert 0.3 < np.std(np.log(s["ttft"])) < 0.5
-    (tmp_path / "pilot.json").write_text(json.dumps(b))
+    assert 0.3 < np.std(np.log(s.ttft)) < 0.5
+    b.write(tmp_path / "pilot.json")
     assert main(["plan-load", str(tmp_path / "pilot.json"), "--regression", "0.2"]) == 0
     out = capsys.readouterr().out
     assert "upper bound exists at 95% from 29 requests for a p90, 299 for a p99" in out

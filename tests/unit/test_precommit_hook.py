@@ -40,7 +40,9 @@ def names(paths):
     return [str(p) for p in paths]
 
 
-ALL = ["overlays/canary", "overlays/dev", "overlays/local", "overlays/prod", "overlays/staging"]
+# Every committed overlay (an example such as prod-multinode included) plus the fixture's canary.
+ALL = sorted(["overlays/canary"] + [f"overlays/{p.name}" for p in (ROOT / "overlays").iterdir()
+                                    if (p / "kustomization.yaml").exists()])
 
 
 @pytest.mark.parametrize("files, expected", [

@@ -122,7 +122,7 @@ def test_passing_candidate_is_promoted_with_a_report(server, overlay, tmp_path, 
     monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
     target = RecordingTarget(endpoint(server))
     out, folder = run(overlay, target, tmp_path)
-    assert out["verdict"] == "promote", out["reasons"]
+    assert out.verdict == "promote", out.reasons
     assert target.calls == ["apply", "wait_ready", "promote"]
     saved = json.loads((folder / "release.json").read_text())
     assert saved["verdict"] == "promote" and saved["digest"].startswith("sha256:")
@@ -134,9 +134,9 @@ def test_unmeetable_slo_rolls_back_and_says_why(server, overlay, tmp_path):
     edit(overlay, slo__prefill__ttft_p90_ms=0.001)
     target = RecordingTarget(endpoint(server))
     out, _ = run(overlay, target, tmp_path)
-    assert out["verdict"] == "rollback"
+    assert out.verdict == "rollback"
     assert target.calls == ["apply", "wait_ready", "rollback"]
-    assert any("ttft" in r and "p90" in r for r in out["reasons"])
+    assert any("ttft" in r and "p90" in r for r in out.reasons)
 
 
 def test_inconclusive_run_is_extended_until_proven(server, overlay, tmp_path, monkeypatch):
@@ -147,7 +147,7 @@ def test_inconclusive_run_is_extended_until_proven(server, overlay, tmp_path, mo
          slo__prefill={"ttft_p90_ms": 5000}, slo__decode={}, validation__load=[
              {"profile": "balanced", "concurrency": 2, "requests": 20, "warmup_requests": 0}])
     out, folder = run(overlay, RecordingTarget(endpoint(server)), tmp_path)
-    assert out["verdict"] == "promote", out["reasons"]
+    assert out.verdict == "promote", out.reasons
     bench = json.loads((folder / "bench-0-balanced.json").read_text())
     assert bench["requests_ok"] == 40 and [lk["requests_ok"] for lk in bench["looks"]] == [20, 20]
     check = next(c for c in json.loads((folder / "report.json").read_text())["decision"]["checks"]
@@ -159,9 +159,9 @@ def test_inconclusive_at_the_last_look_rolls_back(server, overlay, tmp_path, mon
     monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
     edit(overlay, slo__statistics={"inconclusive": "extend", "max_looks": 2})
     out, folder = run(overlay, RecordingTarget(endpoint(server)), tmp_path)
-    assert out["verdict"] == "rollback"
+    assert out.verdict == "rollback"
     assert json.loads((folder / "bench-0-balanced.json").read_text())["requests_ok"] == 8
-    assert any("the cap" in r for r in out["reasons"]), out["reasons"]
+    assert any("the cap" in r for r in out.reasons), out.reasons
 
 
 def test_bad_spec_applies_nothing(server, overlay, tmp_path):
@@ -176,14 +176,14 @@ def test_cross_layer_findings_block_before_apply(server, overlay, tmp_path):
     edit(overlay, prefill__tensor_parallel_size=2)   # prefill TP above decode's: the tp-order rule
     target = RecordingTarget(endpoint(server))
     out, folder = run(overlay, target, tmp_path)
-    assert out["verdict"] == "blocked" and any("tp-order" in r for r in out["reasons"])
+    assert out.verdict == "blocked" and any("tp-order" in r for r in out.reasons)
     assert target.calls == [] and not (folder / "manifest.yaml").exists()
 
 
 def test_candidate_that_never_serves_is_rolled_back(server, overlay, tmp_path):
     target = RecordingTarget(endpoint(server), ready_error=TargetError("pd-llm-blue not RUNNING after 5s"))
     out, _ = run(overlay, target, tmp_path)
-    assert out["verdict"] == "failed" and "not RUNNING" in out["reasons"][0]
+    assert out.verdict == "failed" and "not RUNNING" in out.reasons[0]
     assert target.calls == ["apply", "wait_ready", "rollback"]
 
 
@@ -211,9 +211,9 @@ def test_candidate_answering_5xx_rolls_back_and_the_report_counts_the_errors(ser
         target = RecordingTarget(Endpoint(base_url=proxy.base_url))
         out, folder = run(overlay, target, tmp_path)
     assert proxy.injected["5xx"] > 0
-    assert out["verdict"] == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
+    assert out.verdict == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
     bench = json.loads(next(folder.glob("bench-0-*.json")).read_text())
-    assert bench["errors"] > 0 and any("error rate" in r for r in out["reasons"])
+    assert bench["errors"] > 0 and any("error rate" in r for r in out.reasons)
     assert json.loads((folder / "release.json").read_text())["verdict"] == "rollback"
 
 
@@ -223,7 +223,7 @@ def test_candidate_hanging_mid_stream_is_cut_off_by_the_request_timeout(server, 
         target = RecordingTarget(Endpoint(base_url=proxy.base_url))
         out, folder = run(overlay, target, tmp_path)
     assert proxy.injected["hang"] > 0
-    assert out["verdict"] == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
+    assert out.verdict == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
     bench = json.loads(next(folder.glob("bench-0-*.json")).read_text())
     assert bench["errors"] > 0
 
@@ -241,8 +241,8 @@ def test_run_folder_filling_up_during_validation_rolls_back_and_reports(server, 
 
     monkeypatch.setattr(Path, "write_text", full_after_apply)
     out, folder = run(overlay, target, tmp_path)
-    assert out["verdict"] == "failed" and target.calls == ["apply", "wait_ready", "rollback"]
-    assert out["reasons"] == [f"validation could not record its results: cannot write {folder / 'compat.json'}: "
+    assert out.verdict == "failed" and target.calls == ["apply", "wait_ready", "rollback"]
+    assert out.reasons == [f"validation could not record its results: cannot write {folder / 'compat.json'}: "
                               "No space left on device"]
     assert not (folder / "release.json").exists() and (folder / "manifest.yaml").exists()
 
@@ -259,8 +259,8 @@ def test_an_engine_replaced_during_validation_rolls_back_the_candidate(server, o
     reads = iter([started])   # validation starts on p1; every later read sees p2 (Serve replaced it)
     monkeypatch.setattr(target, "endpoint", lambda slot: next(reads, replaced))
     out, _ = run(overlay, target, tmp_path)
-    assert out["verdict"] == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
-    assert out["reasons"] == ["engines replaced during validation: prefill p1 replaced by p2"]
+    assert out.verdict == "rollback" and target.calls == ["apply", "wait_ready", "rollback"]
+    assert out.reasons == ["engines replaced during validation: prefill p1 replaced by p2"]
 
 
 # -- validate_slot: the stage `pdops validate` (the Argo step and the canary) runs -----------------
@@ -272,7 +272,7 @@ def test_a_promoted_release_records_its_baseline_and_the_next_candidate_is_compa
     monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
     target = RecordingTarget(endpoint(server))
     out, _ = run(overlay, target, tmp_path)
-    assert out["verdict"] == "promote" and target.baseline and target.baseline[0]["ttft_ms"]["p90"] > 0
+    assert out.verdict == "promote" and target.baseline and target.baseline[0]["ttft_ms"]["p90"] > 0
     stable = target.stable.model_copy(update={"baseline": target.baseline, "report": "/gone", "verdict": "promote"})
     target.stable = stable
     # a candidate the stable baseline says is 1000x faster than it can be: only vs_stable can fail it
@@ -289,8 +289,8 @@ def test_a_promoted_release_records_its_baseline_and_the_next_candidate_is_compa
     target.candidate = steps.record_of(rendered, "next").model_copy(update={"colour": "green"})
     (tmp_path / "v").mkdir()
     result = steps.validate_slot(target, rendered.spec, tmp_path / "v", lambda m: None, digest=target.candidate.digest)
-    failed = [c for c in result["decision"]["checks"] if not c["ok"]]
-    assert [c["check"] for c in failed] == ["vs_stable_ttft_p90"], failed
+    failed = [c for c in result.decision.checks if not c.ok]
+    assert [c.check for c in failed] == ["vs_stable_ttft_p90"], failed
 
 
 def test_validate_refuses_a_slot_holding_another_release(server, overlay, tmp_path):

@@ -61,12 +61,12 @@ def test_release_bench_runs_the_client_in_its_own_process_at_a_higher_priority()
 
     with KnownTimingServer(first_token_delay=0.01, inter_token_delay=0.001, tokens=4, model="m") as srv:
         bench = run_bench(srv.base_url, "m", profiles.custom(16, 4), concurrency=2, requests=4, isolate=True)
-    assert bench["requests_ok"] == 4
-    machine = bench["client_health"]["machine"]
+    assert bench.requests_ok == 4
+    machine = bench.client_health.machine
     permitted = os.geteuid() == 0   # CAP_SYS_NICE
-    assert machine["client_nice"] == (loadgen.CLIENT_NICE if permitted else os.getpriority(os.PRIO_PROCESS, 0))
+    assert machine.client_nice == (loadgen.CLIENT_NICE if permitted else os.getpriority(os.PRIO_PROCESS, 0))
     assert os.getpriority(os.PRIO_PROCESS, 0) != loadgen.CLIENT_NICE   # the caller kept its own
-    assert machine["cores"] == os.cpu_count() and machine["load_avg_1m"] >= 0
+    assert machine.cores == os.cpu_count() and machine.load_avg_1m >= 0
 
 
 def test_a_starved_client_on_an_oversubscribed_machine_says_why_its_figures_cannot_be_trusted(monkeypatch):
@@ -74,9 +74,9 @@ def test_a_starved_client_on_an_oversubscribed_machine_says_why_its_figures_cann
     monkeypatch.setattr("validation.loadgen.os.getloadavg", lambda: (14.2, 9.0, 5.0))
     with KnownTimingServer(first_token_delay=0.01, inter_token_delay=0.001, tokens=4, model="m") as srv:
         bench = run_bench(srv.base_url, "m", profiles.custom(16, 4), concurrency=2, requests=4, isolate=True)
-    health = bench["client_health"]
-    assert health["client_bottleneck"]
-    why = [r for r in health["reasons"] if "oversubscribed" in r]
+    health = bench.client_health
+    assert health.client_bottleneck
+    why = [r for r in health.reasons if "oversubscribed" in r]
     assert why and f"load 14.2 on {os.cpu_count()} cores" in why[0] and "cannot be trusted" in why[0]
 
 

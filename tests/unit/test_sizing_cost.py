@@ -61,7 +61,7 @@ def test_size_command_json(capsys, monkeypatch):
 def fake_bench():
     # 64-word prompts, 32 tokens out, 20 ms to first token then 5 ms per token: about 0.18 s a request.
     with KnownTimingServer(first_token_delay=0.02, inter_token_delay=0.005, tokens=32) as s:
-        return run_bench(s.base_url, "fake-model", profiles.custom(64, 32), concurrency=4, requests=24)
+        return run_bench(s.base_url, "fake-model", profiles.custom(64, 32), concurrency=4, requests=24).json_data()
 
 
 def test_bench_reports_input_tokens_from_usage(fake_bench):
@@ -74,25 +74,25 @@ def test_bench_reports_input_tokens_from_usage(fake_bench):
 def test_cost_of_a_fake_run_on_prod_nodes(rendered, fake_bench):
     r = rendered("prod")
     c = bench_cost(fake_bench, r.spec, r)
-    assert c["priced"]
-    pre, dec = c["phases"]["prefill"], c["phases"]["decode"]
-    assert (pre["nodes"], dec["nodes"]) == (1, 2)               # worker group replicas, each takes a p5
-    assert pre["usd_per_hour"] == pytest.approx(55.04) and c["total"]["usd_per_hour"] == pytest.approx(3 * 55.04)
+    assert c.priced
+    pre, dec = c.phases["prefill"], c.phases["decode"]
+    assert (pre.nodes, dec.nodes) == (1, 2)               # worker group replicas, each takes a p5
+    assert pre.usd_per_hour == pytest.approx(55.04) and c.total.usd_per_hour == pytest.approx(3 * 55.04)
     out_tps = fake_bench["output_token_throughput_tps"]
-    assert c["total"]["usd_per_million_output_tokens"] == pytest.approx(3 * 55.04 / (out_tps * 3600) * 1e6)
-    assert c["total"]["usd_per_1k_requests"] == pytest.approx(
+    assert c.total.usd_per_million_output_tokens == pytest.approx(3 * 55.04 / (out_tps * 3600) * 1e6)
+    assert c.total.usd_per_1k_requests == pytest.approx(
         3 * 55.04 / (fake_bench["request_throughput_rps"] * 3600) * 1e3)
 
 
 def test_spec_price_override_and_missing_price(rendered, fake_bench):
     r = rendered("prod")
     spec = r.spec.model_copy(update={"cost": r.spec.cost.model_copy(update={"prices": {"p5.48xlarge": 30.0}})})
-    assert bench_cost(fake_bench, spec, r)["phases"]["decode"]["usd_per_hour"] == 60.0
+    assert bench_cost(fake_bench, spec, r).phases["decode"].usd_per_hour == 60.0
     other = r.spec.model_copy(update={"cost": r.spec.cost.model_copy(update={"region": "eu-west-1"})})
     c = bench_cost(fake_bench, other, r)
-    assert not c["priced"] and "set cost.prices.p5.48xlarge" in c["reason"]
+    assert not c.priced and "set cost.prices.p5.48xlarge" in c.reason
     local = rendered("local")
-    assert not bench_cost(fake_bench, local.spec, local)["priced"]
+    assert not bench_cost(fake_bench, local.spec, local).priced
 
 
 def test_cost_command_prints_the_table(capsys, tmp_path, fake_bench, monkeypatch):
@@ -111,10 +111,10 @@ def test_vs_stable_gates_on_cost(rendered, fake_bench):
     stable = dict(slower, cost=bench_cost(slower, r.spec, r))           # stable served twice as many req/s
     slo = SLO(vs_stable=VsStable(cost=1.5), kv_transfer="ignored", client_health="ignored")
     d = decide({"required_failures": []}, [cand], slo, [stable])
-    [check] = [c for c in d["checks"] if c["check"] == "vs_stable_cost"]
-    assert not check["ok"] and check["value"] == pytest.approx(2.0)
+    [check] = [c for c in d.checks if c.check == "vs_stable_cost"]
+    assert not check.ok and check.value == pytest.approx(2.0)
     d = decide({"required_failures": []}, [cand], slo.model_copy(update={"vs_stable": VsStable(cost=2.5)}), [stable])
-    assert [c["ok"] for c in d["checks"] if c["check"] == "vs_stable_cost"] == [True]
+    assert [c.ok for c in d.checks if c.check == "vs_stable_cost"] == [True]
 
 
 def test_gate_prices_runs_on_the_release_overlay_and_reports_cost(tmp_path, fake_bench, monkeypatch):
@@ -159,7 +159,7 @@ def test_a_release_prices_each_run_on_its_nodes(tmp_path, monkeypatch):
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(k))
     with KnownTimingServer(first_token_delay=0.02, inter_token_delay=0.005, tokens=8, model="pdops-tiny") as srv:
         out, folder = run(overlay, RecordingTarget(endpoint(srv)), tmp_path)
-    assert out["verdict"] == "promote", out["reasons"]
+    assert out.verdict == "promote", out.reasons
     cost = json.loads(next(folder.glob("bench-0-*.json")).read_text())["cost"]
     assert cost["priced"] and cost["total"]["usd_per_hour"] == pytest.approx(2 * 0.8064)
     assert cost["phases"]["prefill"]["price_source"] == "release.yaml cost.prices"

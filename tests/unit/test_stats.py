@@ -121,36 +121,36 @@ def test_gate_vs_stable_pass_fail_inconclusive_with_intervals():
     slo = SLO(kv_transfer="ignored", vs_stable=VS)
     cand, st = _release(600, 1.0)
     d = decide(COMPAT_OK, [cand], slo, [st])
-    vs = [c for c in d["checks"] if c["check"].startswith("vs_stable")]
-    assert d["verdict"] == "promote" and {c["verdict"] for c in vs} == {"pass"}
-    assert all("bounds [" in c["message"] and "smallest detectable regression" in c["message"] for c in vs)
+    vs = [c for c in d.checks if c.check.startswith("vs_stable")]
+    assert d.verdict == "promote" and {c.verdict for c in vs} == {"pass"}
+    assert all("bounds [" in c.message and "smallest detectable regression" in c.message for c in vs)
     cand, st = _release(600, 1.3)
     d = decide(COMPAT_OK, [cand], slo, [st])
-    ttft = next(c for c in d["checks"] if c["check"] == "vs_stable_ttft_p90")
-    assert d["verdict"] == "rollback" and ttft["verdict"] == "fail" and ttft["interval"][0] > 1.1
+    ttft = next(c for c in d.checks if c.check == "vs_stable_ttft_p90")
+    assert d.verdict == "rollback" and ttft.verdict == "fail" and ttft.interval[0] > 1.1
     # 16 requests cannot show an unchanged candidate is within 10%: inconclusive, which fails by default
     cand, st = _release(16, 1.0, same=True)
     d = decide(COMPAT_OK, [cand], slo, [st])
-    ttft = next(c for c in d["checks"] if c["check"] == "vs_stable_ttft_p90")
-    assert ttft["verdict"] == "inconclusive" and not ttft["ok"] and d["verdict"] == "rollback"
-    assert d["extend"] == []
+    ttft = next(c for c in d.checks if c.check == "vs_stable_ttft_p90")
+    assert ttft.verdict == "inconclusive" and not ttft.ok and d.verdict == "rollback"
+    assert d.extend == []
 
 
 def test_inconclusive_policies():
     cand, st = _release(16, 1.0, same=True)
     point = SLO(kv_transfer="ignored", vs_stable=VS, statistics=Statistics(inconclusive="point_estimate"))
     d = decide(COMPAT_OK, [cand], point, [st])
-    ttft = next(c for c in d["checks"] if c["check"] == "vs_stable_ttft_p90")
-    assert ttft["verdict"] == "inconclusive" and "decided by the point estimate" in ttft["message"]
-    assert ttft["ok"] == (ttft["value"] <= 1.1)
+    ttft = next(c for c in d.checks if c.check == "vs_stable_ttft_p90")
+    assert ttft.verdict == "inconclusive" and "decided by the point estimate" in ttft.message
+    assert ttft.ok == (ttft.value <= 1.1)
     ext = SLO(kv_transfer="ignored", vs_stable=VS, statistics=Statistics(inconclusive="extend", max_looks=3))
     first = decide(COMPAT_OK, [cand], ext, [st], look=1)
     last = decide(COMPAT_OK, [cand], ext, [st], look=3)
-    assert first["extend"] == [0] and "look 1 of 3" in first["reasons"][0]
-    assert last["extend"] == [] and last["verdict"] == "rollback" and "the cap" in last["reasons"][0]
+    assert first.extend == [0] and "look 1 of 3" in first.reasons[0]
+    assert last.extend == [] and last.verdict == "rollback" and "the cap" in last.reasons[0]
     # each look is judged at 1 - 0.05 / (3 looks x 2 comparisons)
-    c = next(c for c in first["checks"] if c["check"] == "vs_stable_ttft_p90")
-    assert c["confidence"] == pytest.approx(1 - 0.05 / 6)
+    c = next(c for c in first.checks if c.check == "vs_stable_ttft_p90")
+    assert c.confidence == pytest.approx(1 - 0.05 / 6)
 
 
 def test_threshold_states_interval_and_resolution():
@@ -158,10 +158,10 @@ def test_threshold_states_interval_and_resolution():
     cand, _ = _release(400, 1.0)
     slo = SLO(kv_transfer="ignored", prefill=PrefillSLO(ttft_p90_ms=1000, ttft_p99_ms=320))
     d = decide(COMPAT_OK, [cand], slo)
-    p90 = next(c for c in d["checks"] if c["check"] == "ttft_p90_ms")
-    p99 = next(c for c in d["checks"] if c["check"] == "ttft_p99_ms")
-    assert p90["verdict"] == "pass" and p90["interval"][1] < 1000 and "resolution +" in p90["message"]
-    assert p99["verdict"] == "fail" and p99["interval"][0] > 320   # lognormal(0, .3) p99 = 2.0 x 200 ms
+    p90 = next(c for c in d.checks if c.check == "ttft_p90_ms")
+    p99 = next(c for c in d.checks if c.check == "ttft_p99_ms")
+    assert p90.verdict == "pass" and p90.interval[1] < 1000 and "resolution +" in p90.message
+    assert p99.verdict == "fail" and p99.interval[0] > 320   # lognormal(0, .3) p99 = 2.0 x 200 ms
 
 
 def test_statistics_spec_rejects_looks_without_extend():
@@ -187,10 +187,10 @@ def test_too_few_samples_have_no_bounds_and_the_decision_is_strict_json():
     from validation.config import PrefillSLO
     cand, st = _release(2, 1.0, same=True)
     d = decide(COMPAT_OK, [cand], SLO(kv_transfer="ignored", vs_stable=VS, prefill=PrefillSLO(ttft_p90_ms=1e4)), [st])
-    ttft = next(c for c in d["checks"] if c["check"] == "vs_stable_ttft_p90")
-    assert ttft["verdict"] == "inconclusive" and ttft["interval"] == [0.0, None]   # ratio bounds [0, inf)
-    assert "smallest detectable regression +inf" in ttft["message"]
-    json.dumps(d, allow_nan=False)   # no Infinity/NaN for jq or Argo to choke on
+    ttft = next(c for c in d.checks if c.check == "vs_stable_ttft_p90")
+    assert ttft.verdict == "inconclusive" and ttft.interval == [0.0, None]   # ratio bounds [0, inf)
+    assert "smallest detectable regression +inf" in ttft.message
+    json.dumps(d.model_dump(mode="json"), allow_nan=False)   # no Infinity/NaN for jq or Argo to choke on
 
 
 def test_baseline_keeps_what_the_rank_tests_read_and_stays_small():
@@ -207,5 +207,5 @@ def test_baseline_keeps_what_the_rank_tests_read_and_stays_small():
     assert len(json.dumps(base["samples"])) < 25_000          # vs ~600 KB with every ITL gap
     # the candidate's per-request ITL means are compared with the baseline's: same statistic
     d = decide(COMPAT_OK, [b], SLO(kv_transfer="ignored", vs_stable=VsStable(itl_p90=1.1)), [base])
-    itl_check = next(c for c in d["checks"] if c["check"] == "vs_stable_itl_p90")
-    assert itl_check["verdict"] == "pass" and "n=500/300" in itl_check["message"]
+    itl_check = next(c for c in d.checks if c.check == "vs_stable_itl_p90")
+    assert itl_check.verdict == "pass" and "n=500/300" in itl_check.message

@@ -77,10 +77,10 @@ def test_replay_sends_each_request_at_its_arrival_with_its_lengths():
     with KnownTimingServer(first_token_delay=0.01, inter_token_delay=0.002, tokens=16, model="m") as srv:
         bench = run_bench(srv.base_url, "m", profiles.get("balanced"), trace=trace, endpoint="completions",
                           keep_samples=False)
-    assert bench["load"]["mode"] == "open" and bench["load"]["trace"] == "t" and bench["requests_ok"] == 4
-    assert bench["output_tokens"]["max"] == 6 and bench["output_tokens"]["mean"] == pytest.approx(3.75)
-    assert bench["lengths"]["checked"] == 4 and bench["lengths"]["output_mismatches"] == 0
-    assert bench["ttft_from_scheduled_ms"]["mean"] >= bench["ttft_ms"]["mean"] - 0.5
+    assert bench.load.mode == "open" and bench.load.trace == "t" and bench.requests_ok == 4
+    assert bench.output_tokens.max == 6 and bench.output_tokens.mean == pytest.approx(3.75)
+    assert bench.lengths.checked == 4 and bench.lengths.output_mismatches == 0
+    assert bench.ttft_from_scheduled_ms.mean >= bench.ttft_ms.mean - 0.5
 
 
 @pytest.fixture

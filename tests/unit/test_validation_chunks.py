@@ -15,7 +15,7 @@ SLO_ITL = SLO(decode=DecodeSLO(itl_p90_ms=15), kv_transfer="ignored")
 
 def _itl_check(bench):
     d = decide({"ok": True, "required_failures": []}, [bench], SLO_ITL)
-    return d, next(c for c in d["checks"] if c["check"] == "itl_p90_ms")
+    return d, next(c for c in d.checks if c.check == "itl_p90_ms")
 
 
 @pytest.fixture(scope="module")
@@ -26,20 +26,20 @@ def batched():
 
 
 def test_chunk_level_itl_is_marked(batched):
-    assert batched["tokens_per_chunk"]["mean"] == pytest.approx(4.0)
-    assert batched["itl_level"] == "chunk"
-    assert batched["itl_ms"]["p50"] >= 19.0          # gaps between 4-token chunks, ~20 ms
-    h = batched["server"]["histograms"]["inter_token_latency_seconds"]
-    assert h["count"] == 6 * 3 * 4                   # per request: 3 later chunks of 4 tokens
-    assert h["p50_ms"] <= 10.0                       # per token ~5 ms (bucket-interpolated)
+    assert batched.tokens_per_chunk.mean == pytest.approx(4.0)
+    assert batched.itl_level == "chunk"
+    assert batched.itl_ms.p50 >= 19.0          # gaps between 4-token chunks, ~20 ms
+    h = batched.server.histograms["inter_token_latency_seconds"]
+    assert h.count == 6 * 3 * 4                   # per request: 3 later chunks of 4 tokens
+    assert h.p50_ms <= 10.0                       # per token ~5 ms (bucket-interpolated)
 
 
 def test_gate_uses_server_itl_histogram_then_tpot(batched):
     d, c = _itl_check(batched)
-    assert c["ok"] and "vllm:inter_token_latency_seconds" in c["message"] and "4.0 tokens" in c["message"]
-    no_server = {**batched, "server": None}
+    assert c.ok and "vllm:inter_token_latency_seconds" in c.message and "4.0 tokens" in c.message
+    no_server = batched.model_copy(update={"server": None})
     _, c = _itl_check(no_server)
-    assert c["value"] == batched["tpot_ms"]["p90"] and "TPOT" in c["message"]
+    assert c.value == batched.tpot_ms.p90 and "TPOT" in c.message
     md = report.markdown(d, None, [batched])
     assert "(chunk)" in md and "the gate used server vllm:inter_token_latency_seconds" in md
 
@@ -57,9 +57,9 @@ def test_one_token_per_chunk_keeps_client_itl():
     with KnownTimingServer(first_token_delay=0.01, inter_token_delay=0.002, tokens=8) as s:
         b = run_bench(s.base_url, "fake-model", profiles.custom(8, 8), concurrency=1, requests=2,
                       metrics_url=f"http://127.0.0.1:{s.port}/metrics")
-    assert b["itl_level"] == "token"
+    assert b.itl_level == "token"
     _, c = _itl_check(b)
-    assert "from client ITL" in c["message"] and c["value"] == b["itl_ms"]["p90"]
+    assert "from client ITL" in c.message and c.value == b.itl_ms.p90
 
 
 def test_server_window_excludes_warmup():
@@ -67,4 +67,4 @@ def test_server_window_excludes_warmup():
         b = run_bench(s.base_url, "fake-model", profiles.custom(8, 4), concurrency=2, requests=4, warmup=2,
                       metrics_url=f"http://127.0.0.1:{s.port}/metrics")
         assert len(s.timings) == 6
-    assert b["requests_ok"] == 4 and b["server"]["histograms"]["time_to_first_token_seconds"]["count"] == 4
+    assert b.requests_ok == 4 and b.server.histograms["time_to_first_token_seconds"].count == 4

@@ -21,11 +21,11 @@ def _run(**kw):
 
 def test_good_server_passes_everything():
     r = _run()
-    assert r["ok"], compat.table(r)
-    assert r["failed"] == 0
-    assert {c["name"] for c in r["cases"] if c["status"] == "skip"} == {"auth_401"}
-    stop = next(c for c in r["cases"] if c["name"] == "stop_string")
-    assert "baseline" in stop["evidence"]["response"]
+    assert r.ok, compat.table(r)
+    assert r.failed == 0
+    assert {c.name for c in r.cases if c.status == "skip"} == {"auth_401"}
+    stop = next(c for c in r.cases if c.name == "stop_string")
+    assert "baseline" in stop.evidence["response"]
 
 
 @pytest.mark.parametrize("switch,expected", [
@@ -37,25 +37,25 @@ def test_good_server_passes_everything():
 ])
 def test_broken_switch_is_caught(switch, expected):
     r = _run(broken=Broken(**{switch: True}))
-    assert not r["ok"]
-    assert expected <= set(r["required_failures"]), compat.table(r)
-    assert "models_list" not in r["required_failures"]
+    assert not r.ok
+    assert expected <= set(r.required_failures), compat.table(r)
+    assert "models_list" not in r.required_failures
 
 
 def test_optional_failure_does_not_block():
     r = _run(broken=Broken(missing_done=True), optional=["stream_done"])
-    assert r["ok"] and r["failed"] == 1
+    assert r.ok and r.failed == 1
 
 
 def test_auth_required():
     r = _run(api_key="sekret", client_key="sekret", api_key_required=True)
-    auth = next(c for c in r["cases"] if c["name"] == "auth_401")
-    assert auth["status"] == "pass" and r["ok"]
+    auth = next(c for c in r.cases if c.name == "auth_401")
+    assert auth.status == "pass" and r.ok
 
 
 def test_auth_not_enforced_is_caught():
     r = _run(client_key="anything", api_key_required=True)
-    assert "auth_401" in r["required_failures"]
+    assert "auth_401" in r.required_failures
 
 
 def test_table_lists_every_case():

@@ -29,13 +29,13 @@ SLO_ = SLO(prefill=PrefillSLO(ttft_p90_ms=200, ttft_p99_ms=300),
 
 
 def failed(d):
-    return {c["check"] for c in d["checks"] if not c["ok"]}
+    return {c.check for c in d.checks if not c.ok}
 
 
 def test_promote_when_everything_meets():
     d = decide(COMPAT_OK, [bench(), bench(c=16)], SLO_, None)
-    assert d["verdict"] == "promote", d["reasons"]
-    checked = {c["check"] for c in d["checks"]}
+    assert d.verdict == "promote", d.reasons
+    checked = {c.check for c in d.checks}
     assert {"ttft_p90_ms", "ttft_p99_ms", "itl_p90_ms", "itl_p99_ms", "tpot_p90_ms", "tpot_p99_ms",
             "error_rate", "goodput_rps", "slo_attainment", "kv_transfer", "compat"} <= checked
 
@@ -57,19 +57,19 @@ def test_each_threshold_rolls_back():
     }
     for name, b in cases.items():
         d = decide(COMPAT_OK, [b], SLO_, None)
-        assert d["verdict"] == "rollback", name
-        assert failed(d) == {name}, (name, d["reasons"])
+        assert d.verdict == "rollback", name
+        assert failed(d) == {name}, (name, d.reasons)
 
 
 def test_compat_required_failure_rolls_back():
     d = decide({"ok": False, "required_failures": ["stream_done"]}, [bench()], SLO_, None)
-    assert d["verdict"] == "rollback" and "stream_done" in d["reasons"][0]
+    assert d.verdict == "rollback" and "stream_done" in d.reasons[0]
 
 
 def test_missing_evidence_rolls_back():
     d = decide(COMPAT_OK, [bench(server=False)], SLO_, None)
-    assert failed(d) == {"kv_transfer"} and "--metrics-url" in d["reasons"][0]
-    assert decide(COMPAT_OK, [], SLO_, None)["verdict"] == "rollback"
+    assert failed(d) == {"kv_transfer"} and "--metrics-url" in d.reasons[0]
+    assert decide(COMPAT_OK, [], SLO_, None).verdict == "rollback"
     nodata = bench()
     nodata["ttft_ms"] = {"p90": None, "p99": None}
     assert "ttft_p90_ms" in failed(decide(COMPAT_OK, [nodata], SLO_, None))
@@ -77,19 +77,19 @@ def test_missing_evidence_rolls_back():
 
 def test_kv_ignored():
     slo = SLO_.model_copy(update={"kv_transfer": "ignored"})
-    assert decide(COMPAT_OK, [bench(server=False)], slo, None)["verdict"] == "promote"
+    assert decide(COMPAT_OK, [bench(server=False)], slo, None).verdict == "promote"
 
 
 def test_vs_stable_ratio():
     slo = SLO_.model_copy(update={"vs_stable": VsStable(ttft_p90=1.2, tpot_p90=1.1)})
     stable = [bench(ttft=(100, 150), tpot=(10, 15))]
     ok = decide(COMPAT_OK, [bench(ttft=(115, 150), tpot=(10.5, 15))], slo, stable)
-    assert ok["verdict"] == "promote", ok["reasons"]
+    assert ok.verdict == "promote", ok.reasons
     bad = decide(COMPAT_OK, [bench(ttft=(130, 150), tpot=(10, 15))], slo, stable)
-    assert failed(bad) == {"vs_stable_ttft_p90"} and "1.30x" in bad["reasons"][0]
+    assert failed(bad) == {"vs_stable_ttft_p90"} and "1.30x" in bad.reasons[0]
     # different load level: not compared
     other = decide(COMPAT_OK, [bench(ttft=(190, 200), c=64)], slo, stable)
-    assert other["verdict"] == "promote"
+    assert other.verdict == "promote"
 
 
 def test_client_health_can_be_reported_without_gating():
@@ -101,22 +101,22 @@ def test_client_health_can_be_reported_without_gating():
     compat = {"required_failures": [], "passed": 1}
     gated = decide(compat, [starved], SLO(kv_transfer="ignored"))
     reported = decide(compat, [starved], SLO(kv_transfer="ignored", client_health="ignored"))
-    assert gated["verdict"] == "rollback" and "measurement void" in " ".join(gated["reasons"])
-    assert reported["verdict"] == "promote"
-    assert any("client was starved" in c["message"] for c in reported["checks"])
+    assert gated.verdict == "rollback" and "measurement void" in " ".join(gated.reasons)
+    assert reported.verdict == "promote"
+    assert any("client was starved" in c.message for c in reported.checks)
 
 
 def test_no_kv_seen_because_the_metrics_missed_requests_says_so():
     partial = bench(kv=0)
     partial["server"].update(requests_seen=0, requests_ok=32)
     d = decide(COMPAT_OK, [partial], SLO_, None)
-    assert failed(d) == {"kv_transfer"} and "metrics show 0 of 32 requests" in d["reasons"][0]
-    assert "of 32 requests" not in " ".join(decide(COMPAT_OK, [bench(kv=0)], SLO_, None)["reasons"])
+    assert failed(d) == {"kv_transfer"} and "metrics show 0 of 32 requests" in d.reasons[0]
+    assert "of 32 requests" not in " ".join(decide(COMPAT_OK, [bench(kv=0)], SLO_, None).reasons)
 
 
 def test_engines_replaced_during_validation_roll_back_even_when_everything_else_passes():
     replaced = ["prefill r1 replaced by r7"]
     d = decide(COMPAT_OK, [bench()], SLO_, None, replaced=replaced)
-    assert d["verdict"] == "rollback" and failed(d) == {"engines_stable"} and "prefill r1 replaced by r7" in d["reasons"][0]
-    assert decide(COMPAT_OK, [bench()], SLO_, None, replaced=[])["verdict"] == "promote"
-    assert "engines_stable" not in {c["check"] for c in decide(COMPAT_OK, [bench()], SLO_, None)["checks"]}
+    assert d.verdict == "rollback" and failed(d) == {"engines_stable"} and "prefill r1 replaced by r7" in d.reasons[0]
+    assert decide(COMPAT_OK, [bench()], SLO_, None, replaced=[]).verdict == "promote"
+    assert "engines_stable" not in {c.check for c in decide(COMPAT_OK, [bench()], SLO_, None).checks}

@@ -27,12 +27,12 @@ def test_report_files_written(tmp_path):
     d = decide({"ok": True, "required_failures": [], "cases": [
         {"name": "models_list", "status": "pass", "required": True, "detail": ""}]},
         benches, SLO(kv_transfer="ignored", prefill=PrefillSLO(ttft_p90_ms=120)), None)
-    assert d["verdict"] == "rollback"
+    assert d.verdict == "rollback"
     files = report.write(tmp_path, d, None, benches)
     names = {p.name for p in tmp_path.iterdir()}
     assert {"report.json", "summary.md", "ttft_cdf.png", "tpot_cdf.png", "itl_cdf.png",
             "latency_vs_load_balanced.png"} <= names
-    for f in files["plots"]:
+    for f in files.plots:
         assert open(f, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     md = (tmp_path / "summary.md").read_text()
     assert "ROLLBACK" in md and "ttft" in md.lower()

@@ -49,6 +49,19 @@ def _tp(r: Rendered, name: str) -> int:
     return int(_engine(r, name).get("tensor_parallel_size") or 1)
 
 
+def _pp(r: Rendered, name: str) -> int:
+    return int(_engine(r, name).get("pipeline_parallel_size") or 1)
+
+
+def _nodes_per_replica(r: Rendered, name: str) -> int:
+    """Worker pods one replica of `name` spans: TP x PP GPUs over the group's GPUs per pod (1 on CPU
+    or when the pod requests no GPUs, which gpu-fit reports)."""
+    group = _groups(r).get(name, (0, {}))[1]
+    gpus = int(_limit(group, GPU))
+    devices = _tp(r, name) * _pp(r, name)
+    return 1 if gpus <= 0 or devices <= gpus else -(-devices // gpus)
+
+
 def _max_serve_replicas(r: Rendered, name: str) -> int:
     dc = _phase(r, name).get("deployment_config") or {}
     auto = dc.get("autoscaling_config") or {}
@@ -241,14 +254,24 @@ def gpu_fit(r: Rendered) -> Iterator[Finding]:
         if gpus <= 0:
             yield Finding("gpu-fit", f"worker group {name!r} requests no GPUs but serves a GPU engine",
                           r.kustomization_file(), field, f"set limits {GPU} on the {name} group's container")
-        elif tp > gpus:
+        elif tp > gpus:   # TP all-reduces every layer: it stays within a node; PP is what crosses nodes
             yield Finding("gpu-fit", f"{name} tensor_parallel_size {tp} does not fit one {name} pod ({gpus:g} GPUs)",
-                          r.kustomization_file(), field, "lower tensor_parallel_size or use a larger instance type")
-        elif replicas * tp > pods * gpus:
-            yield Finding("gpu-fit", f"{name} needs {replicas} replicas x TP {tp} = {replicas * tp} GPUs but the group "
+                          r.kustomization_file(), field, "lower tensor_parallel_size or use a larger instance type "
+                          "(a model that needs more GPUs spans nodes with pipeline_parallel_size)")
+        elif (nodes := _nodes_per_replica(r, name)) > 1:
+            if replicas * nodes > pods:   # a spanning replica takes whole pods (rule pp-gpus)
+                yield Finding("gpu-fit", f"{name} needs {replicas} replicas x {nodes} nodes per replica (TP {tp} x PP "
+                              f"{_pp(r, name)} = {tp * _pp(r, name)} GPUs over {gpus:g}-GPU pods) = {replicas * nodes} "
+                              f"pods but the group offers at most {pods}", r.kustomization_file(),
+                              _group_path(r, index) + ".maxReplicas",
+                              f"set the {name} group's replicas, minReplicas and maxReplicas to {replicas * nodes}")
+        elif replicas * tp * _pp(r, name) > pods * gpus:
+            per = f"TP {tp}" if _pp(r, name) == 1 else f"TP {tp} x PP {_pp(r, name)}"
+            need = replicas * tp * _pp(r, name)
+            yield Finding("gpu-fit", f"{name} needs {replicas} replicas x {per} = {need} GPUs but the group "
                           f"offers at most {pods} pods x {gpus:g} GPUs = {pods * gpus:g}", r.kustomization_file(),
                           _group_path(r, index) + ".maxReplicas",
-                          f"raise maxReplicas to {-(-replicas * tp // int(gpus))} or lower {name} replicas")
+                          f"raise maxReplicas to {-(-need // int(gpus))} or lower {name} replicas")
 
 
 @rule
@@ -346,7 +369,7 @@ def replicas_ignored(r: Rendered) -> Iterator[Finding]:
 def lint(r: Rendered) -> list[Finding]:
     # Rule families kept in modules of their own (zone placement, instance facts, model sizing)
     # register into RULES when imported; imported here, once this module is whole, to avoid a cycle.
-    from workflows.checks import instances, kv_compat, sizing, zone  # noqa: F401
+    from workflows.checks import instances, kv_compat, multinode, sizing, zone  # noqa: F401
     if r.rayservice is None:
         return [Finding("rayservice", "no RayService in the manifest", r.file, "", "render an overlay: pdops render OVERLAY")]
     if not _args(r):

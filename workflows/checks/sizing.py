@@ -8,8 +8,8 @@ from typing import Any
 
 from workflows.checks.findings import Finding
 from workflows.checks.instances import GIB, _is_cpu, phase_instances, quantity
-from workflows.checks.rules import (_engine, _env, _groups, _max_serve_replicas, _phase, _serve_file,
-                                    _serve_path, _tp, rule)
+from workflows.checks.rules import (_engine, _env, _groups, _max_serve_replicas, _nodes_per_replica, _phase, _pp,
+                                    _serve_file, _serve_path, _tp, rule)
 from workflows.manifest import Rendered
 from workflows.serve_config import PHASES
 from workflows.sizing import DEFAULT_GPU_MEMORY_UTILIZATION, PhaseSize, architecture_of, load_demand, phase_size
@@ -24,7 +24,8 @@ def size_release(r: Rendered) -> list[PhaseSize]:
     for name in PHASES:
         engine = _engine(r, name)
         mml = engine.get("max_model_len")
-        args = dict(tp=_tp(r, name), replicas=_max_serve_replicas(r, name), kv_dtype=engine.get("kv_cache_dtype"),
+        args = dict(tp=_tp(r, name), pp=_pp(r, name), nodes_per_replica=_nodes_per_replica(r, name),
+                    replicas=_max_serve_replicas(r, name), kv_dtype=engine.get("kv_cache_dtype"),
                     max_model_len=int(mml) if mml else None)
         if cpu:
             group = _groups(r).get(name, (0, {}))[1]
@@ -54,10 +55,12 @@ def one_node(r: Rendered, sizes: list[PhaseSize]) -> str | None:
         it = pinned.get(s.phase, (0, {}, "", None))[3]
         if it is None or not s.max_model_len:
             continue
-        need = s.weights_per_device_gib * s.tp + s.kv_bytes_per_token * s.max_model_len / GIB
+        need = s.weights_gib + s.kv_bytes_per_token * s.max_model_len / GIB
         have = it.gpus * it.gpu_memory_gib * (s.memory_utilization or 1.0)
         if need <= have:
-            return (f"the model fits on one {s.node}: weights {s.weights_per_device_gib * s.tp:.1f} GiB + KV for one "
+            spans = "".join(f"; {x.phase} spans {x.nodes_per_replica} {x.node} per replica here, so one engine on a "
+                            f"{s.node} would also save its pipeline hops" for x in sizes if x.nodes_per_replica > 1)
+            return (f"the model fits on one {s.node}{spans}: weights {s.weights_gib:.1f} GiB + KV for one "
                     f"{s.max_model_len}-token sequence {s.kv_bytes_per_token * s.max_model_len / GIB:.1f} GiB = "
                     f"{need:.1f} GiB of {have:.0f} GiB usable ({it.gpus} x {it.gpu_memory_gib:g} GiB x "
                     f"{s.memory_utilization}). Disaggregation then adds a KV hop per request; the guide keeps P/D for "
@@ -76,11 +79,13 @@ def sizing(r: Rendered) -> Iterator[Finding]:
     for s in sizes:
         budget = s.device_memory_gib * (s.memory_utilization or 1.0)
         if not s.holds_weights:
+            at = f"TP {s.tp}" + (f" x PP {s.pp}" if s.pp > 1 else "")
             yield Finding("size-weights", f"{s.phase} cannot hold the weights: {s.weights_per_device_gib:.1f} GiB per "
-                          f"{'GPU' if s.memory_utilization else 'pod'} at TP {s.tp} > {budget:.1f} GiB "
+                          f"{'GPU' if s.memory_utilization else 'pod'} at {at} > {budget:.1f} GiB "
                           f"({s.device_memory_gib:g} GiB x {s.memory_utilization or 1.0})",
                           *_where(r, s.phase, "engine_kwargs.tensor_parallel_size"),
-                          "raise tensor_parallel_size, use a larger GPU, or a smaller dtype (quantized model)")
+                          "raise tensor_parallel_size (up to a pod's GPUs), span nodes with pipeline_parallel_size, "
+                          "use a larger GPU, or a smaller dtype (quantized model)")
         elif s.max_model_len and s.kv_tokens_per_replica < s.max_model_len:
             yield Finding("size-kv", f"{s.phase} has KV room for at most {s.kv_tokens_per_replica} tokens per replica "
                           f"({s.kv_room_gib:.2f} GiB / {s.kv_bytes_per_token_per_device / 1024:.0f} KiB per token) but "

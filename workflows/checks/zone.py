@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from workflows.checks.findings import Finding
-from workflows.checks.rules import _group_path, _groups, _phase, rule
+from workflows.checks.rules import _group_path, _groups, _nodes_per_replica, _phase, rule
 from workflows.instances import ZONE_LABEL, allowed_values, pod_spec
 from workflows.manifest import Rendered
 from workflows.serve_config import PHASES
@@ -35,12 +35,17 @@ def zone(r: Rendered) -> Iterator[Finding]:
         index, group = groups[name]
         allowed = allowed_values(pod_spec(group), ZONE_LABEL)
         field = _group_path(r, index) + ".template.spec.nodeSelector"
+        # A replica that spans nodes (pipeline stages on several pods) passes activations between its own
+        # nodes every step, over EFA: its pods need one zone even apart from the KV hop.
+        nodes = _nodes_per_replica(r, name)
+        stages = (f"; each {name} replica's pipeline stages span {nodes} nodes, which would also cross zones"
+                  if nodes > 1 else "")
         if allowed is None:
-            yield Finding("zone", f"{name} pods can land in any availability zone: KV over EFA does not cross zones",
-                          r.kustomization_file(), field, FIX)
+            yield Finding("zone", f"{name} pods can land in any availability zone: KV over EFA does not cross zones"
+                          + stages, r.kustomization_file(), field, FIX)
         elif len(allowed) != 1:
             what = ", ".join(sorted(allowed)) if allowed else "no zone (nodeSelector and affinity disagree)"
-            yield Finding("zone", f"{name} pods can land in {what}: prefill and decode must share one zone",
+            yield Finding("zone", f"{name} pods can land in {what}: prefill and decode must share one zone" + stages,
                           r.kustomization_file(), field, FIX)
         else:
             zones[name] = (index, next(iter(allowed)))
