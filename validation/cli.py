@@ -51,7 +51,8 @@ def _number(kind, low: float, low_ok: bool):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         if not math.isfinite(value) or value < low or (value == low and not low_ok):
-            raise argparse.ArgumentTypeError(f"expected a finite number {'>=' if low_ok else '>'} {low:g}, got {text!r}")
+            bound = ">=" if low_ok else ">"
+            raise argparse.ArgumentTypeError(f"expected a finite number {bound} {low:g}, got {text!r}")
         return value
     return parse
 
@@ -127,10 +128,12 @@ def cmd_bench(args) -> int:
     print(f"{'metric':8} {'mean':>8} {'p50':>8} {'p90':>8} {'p95':>8} {'p99':>8} {'max':>8}  (ms)")
     for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
         s = getattr(res, k) or Quantiles()
-        print(f"{k[:-3]:8} " + " ".join(f"{_fmt(getattr(s, q)):>8}" for q in ("mean", "p50", "p90", "p95", "p99", "max")))
+        qs = ("mean", "p50", "p90", "p95", "p99", "max")
+        print(f"{k[:-3]:8} " + " ".join(f"{_fmt(getattr(s, q)):>8}" for q in qs))
     tpc = res.tokens_per_chunk.mean if res.tokens_per_chunk else None
-    print(f"tokens per chunk {_fmt(tpc)}" + ("  -> ITL above is CHUNK-level (the server batches its stream); "
-                                           "use TPOT and the server's ITL histogram" if res.itl_level == "chunk" else ""))
+    chunk_note = ("  -> ITL above is CHUNK-level (the server batches its stream); use TPOT and the server's ITL "
+                  "histogram" if res.itl_level == "chunk" else "")
+    print(f"tokens per chunk {_fmt(tpc)}" + chunk_note)
     rows = side_by_side(res)
     for r in rows:
         print(f"{r['phase']:8} client p50/p90/p99 " + "/".join(_fmt(r[f"client_{q}"]) for q in ("p50", "p90", "p99"))
@@ -263,7 +266,8 @@ def cmd_plan_load(args) -> int:
         from validation.config import Statistics
         over = {k: v for k, v in (("confidence", args.confidence), ("power", args.power)) if v}
         try:
-            slo = slo.model_copy(update={"statistics": Statistics.model_validate({**slo.statistics.model_dump(), **over})})
+            stats = Statistics.model_validate({**slo.statistics.model_dump(), **over})
+            slo = slo.model_copy(update={"statistics": stats})
         except ValidationError as exc:
             e = exc.errors()[0]
             raise InputError("command line", "--" + str(e["loc"][0]), e["msg"], "use a value in [0.5, 0.999]") from None

@@ -12,11 +12,13 @@ import json
 import logging
 import time
 import traceback
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from validation.reports.compat import CompatCase, CompatReport, Status
 
@@ -32,7 +34,7 @@ class Fail(AssertionError):
     pass
 
 
-def check(cond: bool, msg: str) -> None:
+def check(cond: object, msg: str) -> None:  # any truthy value passes (a list: non-empty)
     if not cond:
         raise Fail(msg)
 
@@ -79,7 +81,7 @@ class Ctx:
         return h
 
 
-def _msgs(text: str = PROMPT) -> list[dict]:
+def _msgs(text: str = PROMPT) -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": text}]
 
 
@@ -97,7 +99,7 @@ def _check_openai_error(status: int, body: bytes, want: int | tuple[int, ...]) -
     try:
         d = json.loads(body)
     except ValueError:
-        raise Fail(f"error body is not JSON: {body[:200]!r}")
+        raise Fail(f"error body is not JSON: {body[:200]!r}") from None
     check(isinstance(d, dict) and isinstance(d.get("error"), dict), f"not OpenAI-shaped error: {d}")
     check(isinstance(d["error"].get("message"), str) and d["error"]["message"], "error.message missing")
     return d
@@ -139,7 +141,7 @@ def _check_envelope(r, obj: str, model: str) -> None:
 
 
 async def chat_nonstream_shape(ctx: Ctx) -> None:
-    req = dict(model=ctx.model, messages=_msgs(), max_tokens=MAXTOK, temperature=0, seed=1)
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=MAXTOK, temperature=0, seed=1)
     r = await ctx.client().chat.completions.create(**req)
     ctx.note(req, r)
     _check_envelope(r, "chat.completion", ctx.model)
@@ -155,7 +157,7 @@ async def chat_nonstream_shape(ctx: Ctx) -> None:
 
 
 async def completions_nonstream_shape(ctx: Ctx) -> None:
-    req = dict(model=ctx.model, prompt=PROMPT, max_tokens=MAXTOK, temperature=0, seed=1)
+    req: dict[str, Any] = dict(model=ctx.model, prompt=PROMPT, max_tokens=MAXTOK, temperature=0, seed=1)
     r = await ctx.client().completions.create(**req)
     ctx.note(req, r)
     _check_envelope(r, "text_completion", ctx.model)
@@ -168,7 +170,7 @@ async def completions_nonstream_shape(ctx: Ctx) -> None:
 
 
 async def finish_reason_length(ctx: Ctx) -> None:
-    req = dict(model=ctx.model, messages=_msgs(), max_tokens=3, temperature=0, seed=1)
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=3, temperature=0, seed=1)
     r = await ctx.client().chat.completions.create(**req)
     ctx.note(req, r)
     check(r.usage is not None, "usage missing")
@@ -178,7 +180,7 @@ async def finish_reason_length(ctx: Ctx) -> None:
 
 
 async def _deterministic_text(ctx: Ctx, n: int = 12) -> str:
-    req = dict(model=ctx.model, messages=_msgs(), max_tokens=n, temperature=0, seed=7)
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=n, temperature=0, seed=7)
     r = await ctx.client().chat.completions.create(**req)
     return r.choices[0].message.content or ""
 
@@ -201,7 +203,7 @@ async def stop_string(ctx: Ctx) -> None:
     stop = _pick_stop(base)
     if stop is None:
         raise Skip(f"deterministic output too short to pick a stop string: {base!r}")
-    req = dict(model=ctx.model, messages=_msgs(), max_tokens=16, temperature=0, seed=7, stop=stop)
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=16, temperature=0, seed=7, stop=stop)
     r = await ctx.client().chat.completions.create(**req)
     ctx.note(req, {"baseline": base, "with_stop": r.choices[0].message.content,
                    "finish_reason": r.choices[0].finish_reason})
@@ -217,7 +219,7 @@ async def stop_list(ctx: Ctx) -> None:
     if stop is None:
         raise Skip("deterministic output too short to pick a stop string")
     stops = ["\u2603never\u2603", stop]
-    req = dict(model=ctx.model, messages=_msgs(), max_tokens=16, temperature=0, seed=7, stop=stops)
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=16, temperature=0, seed=7, stop=stops)
     r = await ctx.client().chat.completions.create(**req)
     out = r.choices[0].message.content or ""
     ctx.note(req, {"baseline": base, "with_stop": out, "finish_reason": r.choices[0].finish_reason})
@@ -233,7 +235,7 @@ async def determinism(ctx: Ctx) -> None:
 
 
 async def seed(ctx: Ctx) -> None:
-    req = dict(model=ctx.model, messages=_msgs(), max_tokens=MAXTOK, temperature=1.0, seed=1234)
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=MAXTOK, temperature=1.0, seed=1234)
     c = ctx.client()
     a = (await c.chat.completions.create(**req)).choices[0].message.content
     b = (await c.chat.completions.create(**req)).choices[0].message.content
@@ -242,7 +244,7 @@ async def seed(ctx: Ctx) -> None:
 
 
 async def n_choices(ctx: Ctx) -> None:
-    req = dict(model=ctx.model, messages=_msgs(), max_tokens=4, n=2, temperature=1.0, seed=3)
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=4, n=2, temperature=1.0, seed=3)
     r = await ctx.client().chat.completions.create(**req)
     ctx.note(req, r)
     check(sorted(c.index for c in r.choices) == [0, 1], f"indices {[c.index for c in r.choices]}")
@@ -251,7 +253,8 @@ async def n_choices(ctx: Ctx) -> None:
 
 
 async def logprobs(ctx: Ctx) -> None:
-    req = dict(model=ctx.model, messages=_msgs(), max_tokens=4, logprobs=True, top_logprobs=2, temperature=0)
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=4, logprobs=True, top_logprobs=2,
+                               temperature=0)
     r = await ctx.client().chat.completions.create(**req)
     ctx.note(req, r)
     lp = r.choices[0].logprobs
@@ -271,7 +274,7 @@ async def _stream_chat(ctx: Ctx, req: dict) -> tuple[list, str]:
 
 
 async def chat_stream_shape(ctx: Ctx) -> None:
-    req = dict(model=ctx.model, messages=_msgs(), max_tokens=MAXTOK, temperature=0, seed=1)
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=MAXTOK, temperature=0, seed=1)
     chunks, text = await _stream_chat(ctx, req)
     ctx.note(req, [c.model_dump() for c in chunks[:3]])
     check(chunks, "no chunks")
@@ -292,7 +295,7 @@ async def chat_stream_shape(ctx: Ctx) -> None:
 
 
 async def completions_stream_shape(ctx: Ctx) -> None:
-    req = dict(model=ctx.model, prompt=PROMPT, max_tokens=MAXTOK, temperature=0, seed=1)
+    req: dict[str, Any] = dict(model=ctx.model, prompt=PROMPT, max_tokens=MAXTOK, temperature=0, seed=1)
     stream = await ctx.client().completions.create(stream=True, **req)
     chunks = [c async for c in stream]
     ctx.note(req, [c.model_dump() for c in chunks[:3]])
@@ -320,7 +323,7 @@ async def stream_done(ctx: Ctx) -> None:
 
 
 async def stream_include_usage(ctx: Ctx) -> None:
-    req = dict(model=ctx.model, messages=_msgs(), max_tokens=MAXTOK, temperature=0,
+    req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(), max_tokens=MAXTOK, temperature=0,
                stream_options={"include_usage": True})
     chunks, _ = await _stream_chat(ctx, req)
     usage = [c.usage for c in chunks if c.usage is not None]
@@ -367,7 +370,8 @@ async def concurrent_streams(ctx: Ctx) -> None:
     n = ctx.concurrency
     # each stream is asked with its own seed; reference is the same request non-streamed
     async def one(i: int) -> tuple[int, str, str, set]:
-        req = dict(model=ctx.model, messages=_msgs(f"{PROMPT} #{i}"), max_tokens=6, temperature=0, seed=100 + i)
+        req: dict[str, Any] = dict(model=ctx.model, messages=_msgs(f"{PROMPT} #{i}"), max_tokens=6, temperature=0,
+                                   seed=100 + i)
         chunks, text = await _stream_chat(ctx, req)
         return i, text, chunks[0].id if chunks else "", {c.id for c in chunks}
 
@@ -378,7 +382,7 @@ async def concurrent_streams(ctx: Ctx) -> None:
     ctx.note(f"{n} parallel streams", [r[1][:40] for r in res])
     ids = [r[2] for r in res]
     check(len(set(ids)) == n, "streams share ids")
-    for (i, text, _, idset), ref in zip(res, refs):
+    for (i, text, _, idset), ref in zip(res, refs, strict=True):
         check(len(idset) == 1, f"stream {i} mixes chunk ids {idset}")
         check(text == ref.choices[0].message.content, f"stream {i} text differs from its reference (cross-talk?)")
 
@@ -407,7 +411,7 @@ CASES: dict[str, Callable[[Ctx], Any]] = {
 }
 
 
-async def run_suite(base_url: str, model: str, api_key: str | None = None, optional: list[str] = (),
+async def run_suite(base_url: str, model: str, api_key: str | None = None, optional: Collection[str] = (),
                     api_key_required: bool = False, only: list[str] | None = None,
                     progress: Callable[[str], None] | None = None, timeout: float = 60.0) -> CompatReport:
     results: list[CompatCase] = []

@@ -74,7 +74,7 @@ class Statistics(_Strict):
     power: Annotated[float, Field(ge=0.5, le=0.999, allow_inf_nan=False)] = 0.95
 
     @model_validator(mode="after")
-    def _looks(self) -> "Statistics":
+    def _looks(self) -> Statistics:
         if self.inconclusive == "extend" and self.max_looks < 2:
             raise ValueError("inconclusive: extend needs max_looks >= 2 (the first run counts as one look)")
         if self.inconclusive != "extend" and self.max_looks != 1:

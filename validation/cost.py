@@ -50,7 +50,7 @@ def price_of(instance: str, spec: ReleaseSpec) -> tuple[float | None, str]:
 
 
 def phase_nodes(rendered: Rendered) -> dict[str, tuple[str, float]]:
-    """phase -> (instance type, nodes it holds) from the rendered worker groups."""
+    """Phase -> (instance type, nodes it holds) from the rendered worker groups."""
     from workflows.checks.instances import phase_instances, takes_node
     from workflows.checks.rules import GPU, _limit
 

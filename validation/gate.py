@@ -86,7 +86,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
             c.interval = [fin(v) for v in judged.interval] if judged.interval is not None else None
             c.confidence = judged.confidence
             c.detectable = {k: fin(float(v)) for k, v in judged.detectable.items()}
-            if judged.verdict == "inconclusive" and st.inconclusive == "extend" and look < st.max_looks and idx is not None:
+            if (judged.verdict == "inconclusive" and st.inconclusive == "extend" and look < st.max_looks
+                    and idx is not None):
                 extend.add(idx)
         checks.append(c)
 
@@ -114,8 +115,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
         from validation.diff.release import gate_check
         add("diff", *gate_check(diff))
 
-    for name, why in (skipped or {}).items():
-        add(name, True, f"{name.replace('_', ' ')} skipped: {why}")
+    for name, reason in (skipped or {}).items():
+        add(name, True, f"{name.replace('_', ' ')} skipped: {reason}")
         checks[-1].verdict = "skipped"
 
     if replaced is not None:
@@ -237,7 +238,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
                     else:
                         cv, sv, src = _q(getattr(b, metric), "p90"), _q(getattr(s, metric), "p90"), ""
                     if cv is None or not sv:
-                        add(f"vs_stable_{name}", False, f"{lab}: {name} cannot be compared (candidate {cv}, stable {sv}){src}", lab)
+                        add(f"vs_stable_{name}", False,
+                            f"{lab}: {name} cannot be compared (candidate {cv}, stable {sv}){src}", lab)
                         continue
                     r = cv / sv
                     add(f"vs_stable_{name}", r <= factor,

@@ -34,7 +34,7 @@ def complete(base_url: str, model: str, prompt: str, max_tokens: int, api_key: s
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(base_url.rstrip("/") + "/completions", data=json.dumps(body).encode(),
+    req = urllib.request.Request(base_url.rstrip("/") + "/completions", data=json.dumps(body).encode(),  # noqa: S310
                                  headers=headers, method="POST")
     with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - operator-given endpoint
         choice = json.loads(resp.read())["choices"][0]
@@ -57,7 +57,7 @@ def collect(base_url: str, model: str, texts: list[str], max_tokens: int, api_ke
 def compare(reference: list[dict[str, Any]], candidate: list[dict[str, Any]]) -> GoldenReport:
     """Per prompt: equal token ids, or where they first differ. `ok` only when every prompt matches."""
     cases: list[dict[str, Any]] = []
-    for i, (ref, cand) in enumerate(zip(reference, candidate)):
+    for i, (ref, cand) in enumerate(zip(reference, candidate, strict=False)):
         r, c = ref.get("token_ids"), cand.get("token_ids")
         if cand.get("error"):
             cases.append({"prompt": i, "ok": False, "problem": f"candidate request failed: {cand['error']}"})
@@ -66,7 +66,7 @@ def compare(reference: list[dict[str, Any]], candidate: list[dict[str, Any]]) ->
             cases.append({"prompt": i, "ok": False, "problem": "no token_ids in the "
                           + ("reference" if r is None else "candidate") + " answer (return_token_ids unsupported?)"})
             continue
-        first = next((k for k, (a, b) in enumerate(zip(r, c)) if a != b), None)
+        first = next((k for k, (a, b) in enumerate(zip(r, c, strict=False)) if a != b), None)
         if first is None and len(r) != len(c):
             first = min(len(r), len(c))
         case = {"prompt": i, "ok": first is None, "tokens": len(r)}

@@ -22,14 +22,12 @@ import socket
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
-try:
-    import psutil
-except ImportError:  # pragma: no cover
-    psutil = None
+import psutil  # a dependency of pdops (pyproject.toml), always installed
 
 LAG_P99_LIMIT_MS = 10.0
 CPU_LIMIT_PCT = 90.0
@@ -132,7 +130,7 @@ class HealthSampler:
         self.lags_ms: list[float] = []
         self.cpu: list[float] = []
         self._task: asyncio.Task | None = None
-        self._proc = psutil.Process() if psutil else None
+        self._proc = psutil.Process()
 
     async def _run(self) -> None:
         if self._proc:
@@ -165,7 +163,7 @@ class HealthSampler:
 def machine_context() -> dict:
     """What else the machine was doing: a starved client is often the machine's fault, not its own."""
     return {"cores": os.cpu_count() or 1, "load_avg_1m": round(os.getloadavg()[0], 2),
-            "system_cpu_percent": psutil.cpu_percent(None) if psutil else None,
+            "system_cpu_percent": psutil.cpu_percent(None),
             "client_nice": os.getpriority(os.PRIO_PROCESS, 0)}
 
 
@@ -222,10 +220,13 @@ class _Conn(asyncio.Protocol):
     """One keep-alive connection carrying one request at a time. Appends (perf_counter, body bytes)
     to the current RawRecord on every read; knows only enough HTTP to find the response's end."""
 
+    # Set by connection_made, which asyncio calls before create_connection returns the protocol;
+    # the waiter by send, before any read can finish a response.
+    transport: asyncio.Transport
+    waiter: asyncio.Future
+
     def __init__(self):
-        self.transport: asyncio.Transport | None = None
         self.raw: RawRecord | None = None
-        self.waiter: asyncio.Future | None = None
         self.reusable = True
 
     def connection_made(self, transport) -> None:
@@ -238,7 +239,8 @@ class _Conn(asyncio.Protocol):
         self.raw, self.head, self.buf = raw, b"", b""
         self.length: int | None = None   # Content-Length left, or None
         self.chunk: int | None = None    # chunked: data bytes left (0: its CRLF next; None: size line next)
-        self.chunked = self.trailer = False
+        self.chunked = False
+        self.trailer: bool | None = False   # None: the last chunk and its trailers have ended
         self.waiter = asyncio.get_running_loop().create_future()
         raw.sent = time.perf_counter()
         self.transport.write(payload)
@@ -315,7 +317,8 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.reusable = False
         # a response without length or chunking ends when the server closes
-        ends_at_close = self.raw is not None and self.raw.status is not None and not self.chunked and self.length is None
+        ends_at_close = (self.raw is not None and self.raw.status is not None and not self.chunked
+                         and self.length is None)
         self._finish(None if ends_at_close else f"connection closed: {exc or 'by server'}")
 
 
@@ -324,6 +327,8 @@ class _Pool:
 
     def __init__(self, url: str):
         u = urlsplit(url)
+        if not u.hostname:
+            raise ValueError(f"{url}: no host to send requests to")
         self.host, self.path = u.hostname, u.path or "/"
         self.port = u.port or (443 if u.scheme == "https" else 80)
         self.ssl = ssl.create_default_context() if u.scheme == "https" else None
@@ -364,7 +369,7 @@ async def _one(pool: _Pool, head: bytes, payload: bytes, raw: RawRecord, timeout
         return
     try:
         await asyncio.wait_for(conn.send(head % len(payload) + payload, raw), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         conn._finish(f"timeout after {timeout} s")
     pool.release(conn)
 
@@ -392,9 +397,9 @@ async def run_load(spec: LoadSpec) -> dict:
     built = {i: build(i) for i in range(spec.requests or 0)}
     try:
         # warm-up: sequential, excluded from results
-        for i in range(spec.warmup):
-            r = RawRecord(index=-1 - i, warmup=True, scheduled=None)
-            await _one(pool, head, build(-1 - i)[1], r, spec.timeout)
+        for k in range(spec.warmup):
+            r = RawRecord(index=-1 - k, warmup=True, scheduled=None)
+            await _one(pool, head, build(-1 - k)[1], r, spec.timeout)
         if spec.concurrency:
             await pool.fill(spec.concurrency)
         health = HealthSampler()
@@ -423,11 +428,11 @@ async def run_load(spec: LoadSpec) -> dict:
 
         if spec.arrivals is not None:
             tasks = []
-            for i, at in enumerate(spec.arrivals):
+            for k, at in enumerate(spec.arrivals):
                 delay = t_start + at - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                r, payload = new_raw(i, t_start + at)
+                r, payload = new_raw(k, t_start + at)
                 tasks.append(asyncio.ensure_future(_one(pool, head, payload, r, spec.timeout)))
             if tasks:
                 await asyncio.gather(*tasks)
@@ -508,8 +513,9 @@ def _worker_main(spec: LoadSpec, w: int, n: int, q) -> None:  # pragma: no cover
         warmup=spec.warmup if w == 0 else min(spec.warmup, 1),
         seed=spec.seed * 1000 + w, progress=False)
     try:
-        res = run(share) if share.requests != 0 else {"records": [], "client_health": summarize_health([], []),
-                                                       "wall_s": 0.0, "t0": time.perf_counter(), "mode": "closed"}
+        res: dict[str, Any] = run(share) if share.requests != 0 else {
+            "records": [], "client_health": summarize_health([], []), "wall_s": 0.0, "t0": time.perf_counter(),
+            "mode": "closed"}
         for r in res["records"]:
             r["index"] = r["index"] * n + w
             r["worker"] = w

@@ -6,8 +6,10 @@ Goodput (DistServe) = requests/s meeting the TTFT and TPOT SLOs together.
 """
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Any
 
 PCTS = (50, 90, 95, 99)
 # Above this many tokens per chunk on average the server batches its stream (Ray Serve does):
@@ -43,7 +45,7 @@ def output_tokens(rec: dict) -> int | None:
 
 
 def per_request(rec: dict, from_scheduled: bool = False) -> dict:
-    """ms timings of one successful record; origin is actual send (or scheduled send)."""
+    """Timings (ms) of one successful record; origin is actual send (or scheduled send)."""
     origin = rec["scheduled"] if (from_scheduled and rec.get("scheduled") is not None) else rec["sent"]
     ttft = (rec["first_content"] - origin) * 1000 if rec.get("first_content") is not None else None
     end = rec.get("last_chunk") or rec.get("done")
@@ -53,7 +55,7 @@ def per_request(rec: dict, from_scheduled: bool = False) -> dict:
     if ttft is not None and e2e is not None and ntok and ntok > 1:
         tpot = (e2e - ttft) / (ntok - 1)
     ct = rec.get("chunk_times") or []
-    itl = [(b - a) * 1000 for a, b in zip(ct, ct[1:])]
+    itl = [(b - a) * 1000 for a, b in itertools.pairwise(ct)]
     return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": itl, "tokens": ntok, "chunks": len(ct)}
 
 
@@ -79,7 +81,7 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
     tok_per_chunk = [p["tokens"] / p["chunks"] for p in pr if p["tokens"] and p["chunks"]]
     # Not measured is null with a reason (README "Reports"), never 0: a run of no requests has no
     # error rate, and one of no wall time no throughput.
-    rate = (lambda n: n / wall_s) if wall_s > 0 else (lambda n: None)  # noqa: E731
+    rate = (lambda n: n / wall_s) if wall_s > 0 else (lambda n: None)
     missing: dict[str, str] = {}
     if not recs:
         missing.update(error_rate="no request was measured", slo_attainment="no request was measured")
@@ -149,7 +151,8 @@ def samples(records: list[dict]) -> dict:
     if n_all > MAX_SAMPLE_REQUESTS or gaps_all > MAX_ITL_SAMPLES:
         rng = random.Random(0)
         order = rng.sample(range(n_all), n_all)
-        keep, gaps = [], 0
+        keep: list[int] = []
+        gaps = 0
         for i in order:
             if len(keep) >= MAX_SAMPLE_REQUESTS or gaps + len(pr[i]["itl"]) > MAX_ITL_SAMPLES:
                 break
@@ -157,7 +160,7 @@ def samples(records: list[dict]) -> dict:
             gaps += len(pr[i]["itl"])
         pr = [pr[i] for i in sorted(keep)]
     r3 = lambda v: round(v, 3)  # noqa: E731
-    out = {"ttft": [r3(p["ttft"]) for p in pr if p["ttft"] is not None],
+    out: dict[str, Any] = {"ttft": [r3(p["ttft"]) for p in pr if p["ttft"] is not None],
            "tpot": [r3(p["tpot"]) for p in pr if p["tpot"] is not None],
            "itl": [r3(g) for p in pr for g in p["itl"]],
            "itl_counts": [len(p["itl"]) for p in pr]}

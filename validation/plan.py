@@ -11,7 +11,7 @@ A release with m vs_stable comparisons and K planned looks judges each at 1 - (1
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -9,6 +9,7 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 # Without a tokenizer one word stands for one token; small vocabularies split words, so the real
 # count runs higher (about 2x with the tiny model); verification reports the ratio.
@@ -102,14 +103,14 @@ class Tokenizer:
 
 def request_factory(profile: Profile, seed: int = 0, endpoint: str = "chat", tokenizer: Tokenizer | None = None,
                     lengths: Callable[[int], tuple[int, int]] | None = None):
-    """index -> request body fragment (deterministic per index). Forces exactly output_tokens via
+    """Request index -> request body fragment (deterministic per index). Forces exactly output_tokens via
     max_tokens + ignore_eos (vLLM extension; ignored by others) so TPOT compares like with like.
     `lengths`: index -> (prompt, output) tokens, e.g. a replayed trace's, instead of the profile's."""
     def make(i: int) -> dict:
         rng = random.Random(seed * 1_000_003 + i)
         p, o = lengths(i) if lengths else profile.sample(rng)
         text = tokenizer.prompt(p, rng) if tokenizer else make_prompt(p, rng)
-        body = {"max_tokens": o, "temperature": 0, "ignore_eos": True, "_prompt_tokens": p}
+        body: dict[str, Any] = {"max_tokens": o, "temperature": 0, "ignore_eos": True, "_prompt_tokens": p}
         if endpoint == "chat":
             body["messages"] = [{"role": "user", "content": text}]
         else:

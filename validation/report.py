@@ -7,15 +7,14 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from validation.gate import bench_label, itl_source  # noqa: E402
-from validation.reports.bench import BenchReport, Quantiles  # noqa: E402
-from validation.reports.compat import CompatReport  # noqa: E402
-from validation.reports.decision import Decision  # noqa: E402
-from validation.reports.release import ReportFiles, RunReport  # noqa: E402
-from validation.server_metrics import side_by_side  # noqa: E402
-
+from validation.gate import bench_label, itl_source
+from validation.reports.bench import BenchReport, Quantiles
+from validation.reports.compat import CompatReport
+from validation.reports.decision import Decision
+from validation.reports.release import ReportFiles, RunReport
+from validation.server_metrics import side_by_side
 
 MISSING_SHOWN = 6   # null figures explained per run in summary.md
 
@@ -34,7 +33,8 @@ def markdown(decision: Decision, compat: CompatReport | None, benches: list[Benc
     lines += ["## Reasons", ""] + [f"- {r}" for r in decision.reasons] + [""]
     if benches:
         lines += ["## Benchmarks (ms)", "",
-                  "| run | ok | err | TTFT p50 | TTFT p90 | TTFT p99 | ITL p90 | ITL p99 | TPOT p90 | TPOT p99 | tokens/chunk "
+                  "| run | ok | err | TTFT p50 | TTFT p90 | TTFT p99 | ITL p90 | ITL p99 | TPOT p90 | TPOT p99 "
+                  "| tokens/chunk "
                   "| prompt tokens served/requested | goodput req/s | client |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         notes = []
@@ -72,7 +72,7 @@ def markdown(decision: Decision, compat: CompatReport | None, benches: list[Benc
                     f"{_fmt(r[f'client_{q}'])} | {_fmt(r[f'server_{q}'])}" for q in ("p50", "p90", "p99"))
                     + f" | {r['metric']} |")
             lines.append("")
-    from validation.cost import markdown_lines   # $ per run, when the runs were priced
+    from validation.cost import markdown_lines  # $ per run, when the runs were priced
     lines += markdown_lines([(bench_label(b, i), b) for i, b in enumerate(benches)])
     if compat:
         lines += ["## Compatibility", "", "| case | status | required | detail |", "| --- | --- | --- | --- |"]
@@ -146,7 +146,8 @@ def write(out: Path | str, decision: Decision, compat: CompatReport | dict[str, 
     typed = [BenchReport.coerce(b) for b in benches]
     # per-request samples stay in the report (bounded by validation.metrics.MAX_SAMPLE_REQUESTS): the
     # next release reads this file as its stable side and compares distributions, not two p90s
-    RunReport(verdict=decision.verdict, decision=decision, compat=typed_compat, benches=typed).write(out / "report.json")
+    run = RunReport(verdict=decision.verdict, decision=decision, compat=typed_compat, benches=typed)
+    run.write(out / "report.json")
     (out / "summary.md").write_text(markdown(decision, typed_compat, typed))
     pngs = plots(typed, out)
     return ReportFiles.model_validate({"json": str(out / "report.json"), "markdown": str(out / "summary.md"),

@@ -24,7 +24,8 @@ def _look(b: BenchReport) -> dict[str, object]:
 def merge_bench(a: BenchReport, b: BenchReport) -> BenchReport:
     """Two runs of one load as one report: counts summed, samples concatenated, latency summaries
     recomputed from the merged samples; server evidence summed (KV tokens, NIXL failures) when both runs have it, else
-    the latest run's (missing evidence stays missing); the latest run's histograms kept. `looks` lists each run's own summary."""
+    the latest run's (missing evidence stays missing); the latest run's histograms kept. `looks` lists
+    each run's own summary."""
     sa, sb = a.samples or Samples(), b.samples or Samples()
     samples = Samples(ttft=(sa.ttft or []) + (sb.ttft or []), tpot=(sa.tpot or []) + (sb.tpot or []),
                       itl=(sa.itl or []) + (sb.itl or []), itl_counts=(sa.itl_counts or []) + (sb.itl_counts or []))
@@ -49,7 +50,8 @@ def merge_bench(a: BenchReport, b: BenchReport) -> BenchReport:
     kb = b.server.kv if b.server is not None else None
     if ka is not None and kb is not None and out.server is not None:
         out.server.kv = KvEvidence.model_validate({
-            **kb.model_dump(), "external_kv_prompt_tokens": _add(ka.external_kv_prompt_tokens, kb.external_kv_prompt_tokens),
+            **kb.model_dump(),
+            "external_kv_prompt_tokens": _add(ka.external_kv_prompt_tokens, kb.external_kv_prompt_tokens),
             "nixl_failed_transfers": _add(ka.nixl_failed_transfers, kb.nixl_failed_transfers)})
     out.looks = (a.looks or [_look(a)]) + [_look(b)]
     recomputed = ("requests_total", "requests_ok", "errors", "goodput_requests", "wall_s", "error_rate", "goodput_rps",

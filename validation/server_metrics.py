@@ -99,10 +99,10 @@ def _quantile(buckets: list[tuple[float, float]], count: float, q: float) -> flo
 def histogram_deltas(before: list[Sample], after: list[Sample]) -> dict:
     """{short_name: {count, mean_ms, p50_ms, p90_ms, p99_ms, metric}} summed over label sets."""
     def collect(samples):
-        b = defaultdict(lambda: defaultdict(float))   # short -> le -> cum count
-        sums = defaultdict(float)
-        counts = defaultdict(float)
-        names = {}
+        b: defaultdict[str, defaultdict[float, float]] = defaultdict(lambda: defaultdict(float))  # short -> le -> cum
+        sums: defaultdict[str, float] = defaultdict(float)
+        counts: defaultdict[str, float] = defaultdict(float)
+        names: dict[str, str] = {}
         for name, labels, v in samples:
             pb = _base(name)
             if not pb:
@@ -147,7 +147,7 @@ def _counter_total(samples: list[Sample], pred) -> float:
 def kv_evidence(before: list[Sample], after: list[Sample]) -> dict:
     def ext_kv(name, labels):
         pb = _base(name)
-        return bool(pb) and pb[1] in ("prompt_tokens_by_source_total", "prompt_tokens_by_source") and \
+        return pb is not None and pb[1] in ("prompt_tokens_by_source_total", "prompt_tokens_by_source") and \
             labels.get("source") == "external_kv_transfer"
 
     def nixl_fail(name, labels):
@@ -155,9 +155,9 @@ def kv_evidence(before: list[Sample], after: list[Sample]) -> dict:
         return "nixl" in n and "fail" in n and not n.endswith(("_created", "_bucket", "_sum"))
 
     kv = _counter_total(after, ext_kv) - _counter_total(before, ext_kv)
-    seen_kv = any(ext_kv(n, dict(l)) for n, l, _ in after)
+    seen_kv = any(ext_kv(n, dict(labels)) for n, labels, _ in after)
     nf = _counter_total(after, nixl_fail) - _counter_total(before, nixl_fail)
-    nixl_names = sorted({n for n, l, _ in after if nixl_fail(n, dict(l))})
+    nixl_names = sorted({n for n, labels, _ in after if nixl_fail(n, dict(labels))})
     return {"external_kv_prompt_tokens": kv, "kv_metric_present": seen_kv,
             "nixl_failed_transfers": nf, "nixl_fail_metrics": nixl_names,
             "kv_transfer_observed": kv > 0}
@@ -207,13 +207,15 @@ def diff_sources(before: dict[str, str], after: dict[str, str], phase_of: dict[s
     engine: its series start from zero); one only in `before` is gone and left out of both sides.
     Tagged sources give the per-phase split."""
     parsed_before = {u: parse(t) for u, t in before.items()}
-    b, a, phases = [], [], {}
+    b: list[Sample] = []
+    a: list[Sample] = []
+    phases: dict[str, tuple[list[Sample], list[Sample]]] = {}
     for url, text in after.items():
         samples, earlier = parse(text), parsed_before.get(url, [])
         b += earlier
         a += samples
-        if phase_of.get(url):
-            pb, pa = phases.setdefault(phase_of[url], ([], []))
+        if (phase := phase_of.get(url)):
+            pb, pa = phases.setdefault(phase, ([], []))
             pb += selected(earlier, select)
             pa += selected(samples, select)
     out = {"histograms": histogram_deltas(selected(b, select), selected(a, select)),
@@ -264,9 +266,9 @@ class Scraper:
             except Exception as e:  # noqa: BLE001
                 self.error = f"before scrape: {e}"
 
-    def _diff(self) -> tuple[dict, list[str]]:
+    def _diff(self, url: str) -> tuple[dict, list[str]]:
         if not self._multi:
-            return diff(self._before or "", scrape(self.url), self.select, self.phases), []
+            return diff(self._before or "", scrape(url), self.select, self.phases), []
         after, failed = {}, []
         for src in self.sources:
             try:
@@ -286,7 +288,7 @@ class Scraper:
         deadline = time.monotonic() + 3 * self.lag_s
         while True:
             try:
-                res, failed = self._diff()
+                res, failed = self._diff(self.url)
             except Exception as e:  # noqa: BLE001
                 return {"error": f"after scrape: {e}", "url": self.url}
             recorded = _recorded(res)

@@ -21,22 +21,23 @@ Choices, and why:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
-from typing import Sequence
 
 import numpy as np
 
 _N = NormalDist()
+Floats = Sequence[float] | np.ndarray   # a list of samples, or numpy's array of them
 
 
 def z_of(confidence: float) -> float:
-    """One-sided normal quantile: z_of(0.95) = 1.645."""
+    """One-sided normal quantile: 1.645 for a confidence of 0.95."""
     return _N.inv_cdf(confidence)
 
 
-def percentile(sorted_vals: Sequence[float], q: float) -> float:
+def percentile(sorted_vals: Floats, q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default; validation.metrics uses it)."""
     k = (len(sorted_vals) - 1) * q
     f = math.floor(k)
@@ -127,7 +128,7 @@ class MannWhitney:
     sd: float             # tie-corrected standard deviation of U under H0
 
 
-def mann_whitney(x: Sequence[float], y: Sequence[float]) -> MannWhitney:
+def mann_whitney(x: Floats, y: Floats) -> MannWhitney:
     """Normal approximation with tie and continuity corrections (scipy's asymptotic method)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     n1, n2 = len(x), len(y)

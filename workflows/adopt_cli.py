@@ -22,12 +22,15 @@ def print_size(table: dict[str, Any], out=None) -> None:
     arch = table["architecture"]
     if arch:
         n = arch["parameters"]
-        print(f"model: {n / 1e9:.2f}B parameters," if n >= 1e9 else f"model: {n / 1e6:.2f}M parameters,", end="", file=out)
+        count = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+        print(f"model: {count} parameters,", end="", file=out)
         print(f" {arch['layers']} layers, {arch['kv_heads']} KV heads "
               f"x {arch['head_dim']}, {arch['dtype']} ({arch.get('source') or 'spec'})", file=out)
-    head = ("phase", "node", "TP", "PP", "nodes/repl", "repl", "mem/dev GiB", "util", "weights/dev GiB", "KV B/token", "KV room GiB",
-            "KV tokens/repl", "max_model_len", "max seqs", "load tokens")
-    rows = [head] + [(p["phase"], p["node"], str(p["tp"]), str(p["pp"]), str(p["nodes_per_replica"]), str(p["replicas"]), _fmt(p["device_memory_gib"], ".1f"),
+    head = ("phase", "node", "TP", "PP", "nodes/repl", "repl", "mem/dev GiB", "util", "weights/dev GiB", "KV B/token",
+            "KV room GiB", "KV tokens/repl", "max_model_len", "max seqs", "load tokens")
+    rows = [head] + [(p["phase"], p["node"], str(p["tp"]), str(p["pp"]), str(p["nodes_per_replica"]),
+                      str(p["replicas"]),
+                      _fmt(p["device_memory_gib"], ".1f"),
                       _fmt(p["memory_utilization"], ".2f"), _fmt(p["weights_per_device_gib"], ".2f"),
                       _fmt(p["kv_bytes_per_token"]), _fmt(p["kv_room_gib"], ".2f"), _fmt(p["kv_tokens_per_replica"]),
                       _fmt(p["max_model_len"]), _fmt(p["max_sequences"]),
@@ -35,7 +38,7 @@ def print_size(table: dict[str, Any], out=None) -> None:
                      for p in table["phases"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
     if not table["phases"]:
         print("no sizing: the model's architecture or the phases' instance types are unknown", file=out)
     gpu = any(p["memory_utilization"] for p in table["phases"])
@@ -118,7 +121,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-f", "--file", help="a rendered manifest file, '-' for stdin")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_size)
-    p = sub.add_parser("cost", help="$ per million tokens and per 1,000 requests of benchmark runs on an overlay's nodes")
+    p = sub.add_parser("cost", help="$ per million tokens and per 1,000 requests of benchmark runs on an "
+                                    "overlay's nodes")
     p.add_argument("overlay", help="overlay directory whose instance types and prices apply")
     p.add_argument("--bench", nargs="+", required=True, help="bench JSON file(s) (pdops bench / a release run)")
     p.add_argument("--json", action="store_true")

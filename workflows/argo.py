@@ -1,4 +1,4 @@
-"""The Argo side of the pipeline: `pd-release` (WorkflowTemplate) and `pd-canary` (CronWorkflow), built with Hera.
+r"""The Argo side of the pipeline: `pd-release` (WorkflowTemplate) and `pd-canary` (CronWorkflow), built with Hera.
 
 Nothing here talks to a cluster, and nothing here decides *what* is validated: every step is a thin
 call of the `pdops` CLI in the step image (see /Dockerfile), the same stage functions `pdops release`
@@ -7,7 +7,7 @@ runs, reading the overlay's release.yaml. `render_all()` returns the YAML commit
 and the Argo execution tier (tests/argo) runs that committed YAML step by step.
 
     check -> rollout -> validate -> promote    (verdict promote)
-                                \\-> rollback   (any other verdict, or validate failed)
+                                \-> rollback   (any other verdict, or validate failed)
     dry-run=true:          check -> rollout --dry-run (the API server admits every object; nothing stored)
     skip-to-rollback=true: only skip-to-rollback (drop a candidate, restore the last good release)
     onExit:                rollback-if-pending when the workflow did not succeed (the safety net)
@@ -25,8 +25,15 @@ from typing import Any
 
 import yaml
 
-from workflows.names import (API_KEY_ENV, API_KEY_SECRET, ENV_NAMESPACES, ENVIRONMENTS,  # noqa: F401 (re-exported)
-                             PART_OF, SERVICE_ACCOUNT, WORKFLOW_NAMESPACE)
+from workflows.names import (  # noqa: F401 (re-exported)
+    API_KEY_ENV,
+    API_KEY_SECRET,
+    ENV_NAMESPACES,
+    ENVIRONMENTS,
+    PART_OF,
+    SERVICE_ACCOUNT,
+    WORKFLOW_NAMESPACE,
+)
 from workflows.step_outputs import FIGURES
 from workflows.targets.base import EXIT_TRANSIENT
 
@@ -155,15 +162,16 @@ def _metrics(metric_prefix: str):
 
     env = Label(key="environment", value=P % "environment")
     verdict = "{{workflow.outputs.parameters.verdict}}"
-    out = []
+    out: list[Gauge | Counter] = []
     for metric, series in GAUGES.items():
         for value, phase, quantile in series:
             out.append(Gauge(name=metric.replace("pd_release", metric_prefix), help=GAUGE_HELP[metric],
                              labels=[env, Label(key="phase", value=phase), Label(key="quantile", value=quantile)],
                              when=f"'{verdict}' == 'promote' || '{verdict}' == 'rollback'",
-                             realtime=False, value="{{workflow.outputs.parameters.%s}}" % value))
+                             realtime=False, value="{{workflow.outputs.parameters." + value + "}}"))
     out.append(Counter(name=f"{metric_prefix}_verdict_total", help="verdicts by environment and workflow status",
-                       labels=[env, Label(key="verdict", value=verdict), Label(key="status", value="{{workflow.status}}")],
+                       labels=[env, Label(key="verdict", value=verdict),
+                               Label(key="status", value="{{workflow.status}}")],
                        value="1"))
     return out
 
@@ -320,7 +328,8 @@ def build_canary(image: str = STEP_IMAGE):
             # Only a verdict regresses the release; `failed` (validation could not run) alerts instead.
             Task(name="rollback", template=rollback, depends="validate-stable.Failed",
                  when=f"'{verdict}' == 'rollback' && {on} == rollback",
-                 arguments=[Artifact(name="run", from_="{{tasks.validate-stable.outputs.artifacts.run}}", optional=True)])
+                 arguments=[Artifact(name="run", from_="{{tasks.validate-stable.outputs.artifacts.run}}",
+                                     optional=True)])
             Task(name="alert", template=alert, depends="validate-stable.Failed",
                  when=f"'{verdict}' != 'rollback' || {on} == alert",
                  arguments=[Parameter(name="summary", value="{{tasks.validate-stable.outputs.parameters.summary}}"),
@@ -349,7 +358,7 @@ def render_objects() -> dict[str, list[dict[str, Any]]]:
 
 
 def render_all() -> dict[str, str]:
-    """filename -> YAML text, exactly what is committed under kustomize/argo/."""
+    """File name -> YAML text, exactly what is committed under kustomize/argo/."""
     files = {name: _dump(objs) for name, objs in render_objects().items()}
     kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                      "resources": sorted(files)}

@@ -9,9 +9,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     started = time.perf_counter()
+    import ray.llm._internal.serve.serving_patterns.prefill_decode.builder  # noqa: F401
+
     from workflows.manifest import render
     from workflows.serve_config import validate_with_ray  # noqa: F401 - first import of Ray's models
-    import ray.llm._internal.serve.serving_patterns.prefill_decode.builder  # noqa: F401
 
     print(f"import of Ray Serve LLM config models: {time.perf_counter() - started:.2f} s (once per process)")
     total = 0.0

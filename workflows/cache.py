@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import tempfile
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 from typing import TypeVar
@@ -40,7 +40,7 @@ def enabled() -> bool:
     return os.environ.get("PDOPS_NO_CACHE", "") in ("", "0")
 
 
-@lru_cache(maxsize=None)
+@cache
 def version(distribution: str) -> str:
     """A distribution's version from its metadata, without importing it ('' when not installed)."""
     try:

@@ -50,7 +50,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         _print_findings(findings, sys.stderr)
         print(f"render: {len(blocking(findings))} finding(s); nothing written", file=sys.stderr)
         step_outputs.write(args.outputs, "blocked", step_outputs.lines(
-            f"blocked: {len(blocking(findings))} finding(s) in {args.overlay}", [f.render() for f in blocking(findings)]))
+            f"blocked: {len(blocking(findings))} finding(s) in {args.overlay}",
+            [f.render() for f in blocking(findings)]))
         return 1
     step_outputs.write(args.outputs, "checked", step_outputs.lines(
         f"checked: {args.overlay}", [f"{len(rendered.objects)} objects, no blocking finding"]
@@ -142,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def schema_flag(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--schema-dir", help="folder of pinned schemas (default: $PDOPS_SCHEMA_DIR or ../shared/schemas)")
+        p.add_argument("--schema-dir",
+                       help="folder of pinned schemas (default: $PDOPS_SCHEMA_DIR or ../shared/schemas)")
 
     p = sub.add_parser("render", help="overlay -> deployable multi-document YAML (checked first)")
     p.add_argument("overlay", help="overlay directory, e.g. overlays/local")

@@ -1,11 +1,13 @@
 """One error type for bad input, so every command can print file, field and fix and exit 2."""
 from __future__ import annotations
 
+import os
+
 
 class InputError(Exception):
     """Bad user input: names the file, the field and what to do. The CLI exits 2 on it."""
 
-    def __init__(self, file: str, field: str, problem: str, fix: str = "") -> None:
+    def __init__(self, file: str | os.PathLike[str], field: str, problem: str, fix: str = "") -> None:
         self.file, self.field, self.problem, self.fix = str(file), field, problem, fix
         super().__init__(self.render())
 

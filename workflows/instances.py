@@ -64,7 +64,7 @@ def allowed_values(pod: dict[str, Any], key: str) -> set[str] | None:
             if expr.get("key") == key and expr.get("operator") == "In":
                 these = {str(v) for v in expr.get("values") or []}
                 values = these if values is None else values & these
-        if values is None:
+        if values is None or union is None:   # (union is a set while terms are left)
             union = None
             break
         union |= values

@@ -80,14 +80,16 @@ def build_document() -> dict[str, Any]:
                            "metadata": _ref("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"),
                            "spec": _ref("io.ray.v1.RayServiceSpec")},
         },
-        "io.ray.v1.RayServiceSpec": {"type": "object", "properties": {"rayClusterConfig": _ref("io.ray.v1.RayClusterSpec")}},
+        "io.ray.v1.RayServiceSpec": {"type": "object",
+                                     "properties": {"rayClusterConfig": _ref("io.ray.v1.RayClusterSpec")}},
         "io.ray.v1.RayClusterSpec": {"type": "object", "properties": {
             "headGroupSpec": _ref("io.ray.v1.HeadGroupSpec"),
             "workerGroupSpecs": {"type": "array", "items": _ref("io.ray.v1.WorkerGroupSpec"),
                                  "x-kubernetes-patch-merge-key": "groupName",
                                  "x-kubernetes-patch-strategy": "merge"}}},
         "io.ray.v1.HeadGroupSpec": {"type": "object", "properties": {"template": _ref(_ROOT)}},
-        "io.ray.v1.WorkerGroupSpec": {"type": "object", "properties": {"groupName": {"type": "string"}, "template": _ref(_ROOT)}},
+        "io.ray.v1.WorkerGroupSpec": {"type": "object",
+                                      "properties": {"groupName": {"type": "string"}, "template": _ref(_ROOT)}},
     })
     return {"swagger": "2.0", "info": {"title": "pdops RayService merge keys", "version": K8S_VERSION},
             "paths": {}, "definitions": dict(sorted(defs.items()))}

@@ -100,7 +100,8 @@ def check_references(overlay: Path) -> list[Path]:
     would read /etc/hostname into a ConfigMap or fetch a remote base from the network; this is the fence.
     """
     root = repository_root(overlay)
-    todo, seen, inputs = [Path(overlay)], set(), set()
+    todo, seen = [Path(overlay)], set()
+    inputs: set[Path] = set()
     while todo:
         folder = todo.pop()
         kfile = next((folder / n for n in KUSTOMIZATION_FILES if (folder / n).is_file()), None)
@@ -132,7 +133,7 @@ class _KustomizeOutput(cache.Entry):
 
 
 def _kustomize_key(overlay: Path, inputs: list[Path]) -> str | None:
-    """kubectl's identity, the overlay's place in the repository and every file kustomize reads."""
+    """The identity of kubectl, the overlay's place in the repository and every file kustomize reads."""
     root, binary = repository_root(overlay), kubectl()
     stat = binary.stat()
     try:
@@ -157,7 +158,8 @@ def kustomize_build(overlay: Path) -> list[dict[str, Any]]:
         proc = subprocess.run([str(kubectl()), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(overlay)],
                               capture_output=True, text=True, env={**os.environ, "KUBECTL_COMMAND_HEADERS": "false"})
         if proc.returncode != 0:
-            raise InputError(kustomization, "", "kustomize build failed: " + proc.stderr.strip().removeprefix("error: "),
+            raise InputError(kustomization, "",
+                             "kustomize build failed: " + proc.stderr.strip().removeprefix("error: "),
                              "fix the kustomization (paths, patch targets) it names")
         hit = _KustomizeOutput(key=key or "", stdout=proc.stdout)
         if key:
@@ -270,7 +272,7 @@ def render(overlay: Path, validate_serve_config: bool = True) -> Rendered:
     annotations[RELEASE_ANNOTATION] = spec.name
     if spec.model.max_position_embeddings:
         annotations[MAX_POSITIONS_ANNOTATION] = str(spec.model.max_position_embeddings)
-    from workflows import sizing   # the model's shape, so `check -f` can size the release too
+    from workflows import sizing  # the model's shape, so `check -f` can size the release too
     if (arch := sizing.annotation(spec)):
         annotations[sizing.ARCH_ANNOTATION] = arch
     rayservice.setdefault("spec", {})["serveConfigV2"] = dump_yaml(serve_config)

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from workflows.names import (ENV_NAMESPACES, EXECUTOR_ROLE, PART_OF, SENSOR_SERVICE_ACCOUNT, SERVICE_ACCOUNT,
-                             WORKFLOW_NAMESPACE)
+from workflows.names import (
+    ENV_NAMESPACES,
+    EXECUTOR_ROLE,
+    PART_OF,
+    SENSOR_SERVICE_ACCOUNT,
+    SERVICE_ACCOUNT,
+    WORKFLOW_NAMESPACE,
+)
 
 RELEASE_RULES: list[dict[str, Any]] = [
     # rayservices also cover the single-engine reference `<name>-reference` the validate step applies,

@@ -131,7 +131,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             record = target.apply(record, say)
             if args.dry_run:
                 step_outputs.write(args.outputs, "dry-run", step_outputs.lines(
-                    f"dry run: {record.short()} would roll out", ["the API server admitted every object; nothing stored"]))
+                    f"dry run: {record.short()} would roll out",
+                    ["the API server admitted every object; nothing stored"]))
                 _emit(args, {"dry_run": True, "release": record.short()}, f"dry run: {record.short()} would roll out")
                 return 0
             endpoint = target.wait_ready(args.timeout, say)

@@ -119,7 +119,8 @@ def app_args(serve_config: dict[str, Any]) -> dict[str, Any]:
     """The PDServingArgs of the (single) P/D application in a serve config; {} when it has none
     (or a hand-edited manifest gives these keys values of another shape)."""
     apps = serve_config.get("applications")
-    pd = [a for a in (apps if isinstance(apps, list) else []) if isinstance(a, dict) and a.get("import_path") == IMPORT_PATH]
+    pd = [a for a in (apps if isinstance(apps, list) else [])
+          if isinstance(a, dict) and a.get("import_path") == IMPORT_PATH]
     args = pd[0].get("args") if pd else None
     return args if isinstance(args, dict) else {}
 

@@ -89,7 +89,7 @@ class Autoscaling(_Strict):
     target_ongoing_requests: PositiveInt = Field(16, le=100000)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Autoscaling":
+    def _ordered(self) -> Autoscaling:
         if self.min_replicas > self.max_replicas:
             raise ValueError("min_replicas must be <= max_replicas")
         return self
@@ -136,7 +136,7 @@ class Phase(_Strict):
         return env
 
     @model_validator(mode="after")
-    def _one_scaling(self) -> "Phase":
+    def _one_scaling(self) -> Phase:
         if self.replicas is not None and self.autoscaling is not None:
             raise ValueError("set either replicas or autoscaling, not both")
         if self.replicas is None and self.autoscaling is None:
@@ -198,7 +198,8 @@ def parse_spec(data: Any, file: str | os.PathLike[str]) -> ReleaseSpec:
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         field = _field_path(err["loc"])
         if err["type"] == "extra_forbidden":
-            problem, fix = "unknown field" + more, "remove it or fix its spelling (README: Release spec lists every field)"
+            problem = "unknown field" + more
+            fix = "remove it or fix its spelling (README: Release spec lists every field)"
         elif err["type"] == "missing":
             problem, fix = "required field is missing" + more, "add it (README: Release spec)"
         else:

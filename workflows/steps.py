@@ -5,8 +5,8 @@ import json
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workflows.checks.findings import Finding
@@ -18,8 +18,8 @@ from workflows.spec import ReleaseSpec, load_spec
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, Skipped, Target, TargetError
 
 if TYPE_CHECKING:
-    from validation.reports import BenchReport, Decision, DiffReport, GoldenReport, ReportFiles, ReleaseOutcome
     from validation.config import LoadProfile
+    from validation.reports import BenchReport, Decision, DiffReport, GoldenReport, ReleaseOutcome, ReportFiles
 
 
 def build_config(overlay: Path) -> dict[str, Any]:
@@ -108,7 +108,8 @@ def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
         was = set(selection.get("ReplicaId", []))
         now = set(after.metrics_phases.get(phase, {}).get("ReplicaId", []))
         if was - now:
-            out.append(f"{phase} {', '.join(sorted(was - now))} replaced by {', '.join(sorted(now - was)) or 'nothing'}")
+            out.append(f"{phase} {', '.join(sorted(was - now))} replaced by "
+                       f"{', '.join(sorted(now - was)) or 'nothing'}")
     return out
 
 
@@ -141,8 +142,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     no CPU from them) and stops it after; golden answers come from it when `reference` is None.
     `stable_endpoint`: the serving stable slot; with `slo.vs_stable.measure: live` each load runs on
     both, interleaved (validation/interleave.py), and `vs_stable` compares with that instead of `stable`."""
-    from validation import compat as compat_suite
-    from validation import gate, golden, profiles, report, sequential, traces
+    from validation import compat as compat_suite, gate, golden, profiles, report, sequential, traces
     from validation.bench import run_bench
 
     progress(f"[validate] compatibility suite against {endpoint.base_url}")
@@ -301,7 +301,8 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
                           f"{spec.model.id}", ["validate with the overlay revision the slot was released from"])
     if digest is not None and record.digest != digest:
         raise TargetError(f"the {slot} slot holds {record.short()}, not the release the overlay renders "
-                          f"({digest[7:19]})", ["roll the overlay out first, or validate the revision that is deployed"])
+                          f"({digest[7:19]})",
+                          ["roll the overlay out first, or validate the revision that is deployed"])
     if reference is _FETCH:
         reference = None
         if spec.validation.golden_prompts and not spec.validation.diff and spec.validation.reference != "none":
@@ -340,7 +341,7 @@ def baseline_of(report: str | None) -> list[dict] | None:
         return None
     if not isinstance(benches, list):
         return None
-    from validation.verdicts import baseline   # what vs_stable's rank tests read, small enough for history
+    from validation.verdicts import baseline  # what vs_stable's rank tests read, small enough for history
     return [baseline(b) if isinstance(b, dict) else b for b in benches]
 
 

@@ -35,7 +35,7 @@ def _completion_logprobs(lp: Any) -> tuple[list, list] | None:
     if not isinstance(lp, dict) or lp.get("tokens") is None:
         return None
     tops = [sorted(t) if isinstance(t, dict) else [] for t in lp.get("top_logprobs") or []]
-    return list(zip(lp["tokens"], lp.get("token_logprobs") or [None] * len(lp["tokens"]))), tops
+    return list(zip(lp["tokens"], lp.get("token_logprobs") or [None] * len(lp["tokens"]), strict=False)), tops
 
 
 def _choice(api: Api, raw: dict, delta: bool) -> Choice:

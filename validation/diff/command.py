@@ -12,11 +12,9 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
-from validation.diff import known as known_mod
-from validation.diff import matrix, runner, scenarios
+from validation.diff import known as known_mod, matrix, runner, scenarios
 from validation.diff.models import Case, Report
 
 
@@ -31,7 +29,8 @@ def coverage_lines(cov: dict) -> list[str]:
         lines.append(f"[diff] {api}: {len(c['covered'])} request fields covered, {len(c['uncovered'])} without a case:")
         lines += [f"[diff]   {f}: {matrix.UNCOVERED[api][f]}" for f in c["uncovered"]]
         if c["unexplained"]:
-            lines.append(f"[diff]   NO CASE AND NO REASON (new in the installed packages?): {', '.join(c['unexplained'])}")
+            lines.append("[diff]   NO CASE AND NO REASON (new in the installed packages?): "
+                         + ", ".join(c["unexplained"]))
     return lines
 
 
@@ -50,7 +49,7 @@ def collect_cases(scenario_files: list[str], builtin: bool = True) -> list[Case]
     return out
 
 
-def diff(base_url: str, reference_url: str, model: str, *, scenario_files: list[str] = (),
+def diff(base_url: str, reference_url: str, model: str, *, scenario_files: Sequence[str] = (),
          known_file: str | None = None, api_key: str | None = None, timeout: float = 120.0,
          progress: Callable[[str], None] = _err, builtin: bool = True) -> Report:
     """What `pdops diff` and the release call: bad input raises InputError before any request."""
@@ -81,7 +80,8 @@ def cmd_diff(args) -> int:
 def register(sub) -> None:
     from validation.cli import _http_url, _output_file, _positive
 
-    p = sub.add_parser("diff", help="differential suite: the candidate vs a single-engine reference, request by request",
+    p = sub.add_parser("diff",
+                       help="differential suite: the candidate vs a single-engine reference, request by request",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", required=True, type=_http_url, help="the candidate, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--reference-url", required=True, type=_http_url,

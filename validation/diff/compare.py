@@ -23,7 +23,7 @@ def status_class(a: Answer) -> str:
 
 
 def _first_diff(a: list, b: list) -> int | None:
-    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
     return k if k is not None or len(a) == len(b) else min(len(a), len(b))
 
 
@@ -36,7 +36,7 @@ def approx(a: Any, b: Any, tol: float = LOGPROB_TOL) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(approx(a[k], b[k], tol) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(approx(x, y, tol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(approx(x, y, tol) for x, y in zip(a, b, strict=True))
     return a == b
 
 
@@ -58,13 +58,14 @@ def _choice(c: Choice, r: Choice, where: str, keys: bool) -> list[str]:
     if (c.logprobs is None) != (r.logprobs is None):
         out.append(f"{where}logprobs {'missing' if c.logprobs is None else 'present'} "
                    f"({'present' if r.logprobs is not None else 'missing'} on the reference)")
-    elif c.logprobs is not None and not approx(c.logprobs, r.logprobs):
+    elif c.logprobs is not None and r.logprobs is not None and not approx(c.logprobs, r.logprobs):
         out.append(f"{where}logprobs differ beyond {LOGPROB_TOL}: {c.logprobs[:2]} vs reference {r.logprobs[:2]}")
     elif c.top_logprobs != r.top_logprobs:
         out.append(f"{where}top_logprobs tokens differ")
     for field in ("prompt_token_ids", "prompt_logprobs"):
         if not approx(getattr(c, field), getattr(r, field)):
-            out.append(f"{where}{field} differ: {str(getattr(c, field))[:80]} vs reference {str(getattr(r, field))[:80]}")
+            out.append(f"{where}{field} differ: {str(getattr(c, field))[:80]} "
+                       f"vs reference {str(getattr(r, field))[:80]}")
     if not approx(c.tool_calls and [_tool(t) for t in c.tool_calls], r.tool_calls and [_tool(t) for t in r.tool_calls]):
         out.append(f"{where}tool_calls differ: {c.tool_calls} vs reference {r.tool_calls}")
     if keys:
@@ -112,7 +113,7 @@ def answers(c: Answer, r: Answer, where: str = "", keys: bool = True) -> list[st
     out = _fields(set(c.keys), set(r.keys), where + "response ") if keys else []
     if len(c.choices) != len(r.choices):
         out.append(f"{where}{len(c.choices)} choices vs reference {len(r.choices)}")
-    for cc, rc in zip(c.choices, r.choices):
+    for cc, rc in zip(c.choices, r.choices, strict=False):  # a count mismatch is reported above
         out += _choice(cc, rc, f"{where}choice {rc.index}: ", keys)
     out += _usage(c.usage, r.usage, where)
     if not approx(c.prompt_token_ids, r.prompt_token_ids) and r.prompt_token_ids is not None:

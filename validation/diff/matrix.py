@@ -112,7 +112,8 @@ def cases() -> list[Case]:
                  return_token_offsets=True, mm_payload="none", routed_experts_prompt_start=0)
     # A client's own kv_transfer_params: the single engine has no connector and ignores it; a P/D
     # front end must refuse it or overwrite it, not fail (Ray asserts it is absent).
-    out += _both("kv_transfer_params_from_client", ["kv_transfer_params"], kv_transfer_params={"do_remote_decode": False})
+    out += _both("kv_transfer_params_from_client", ["kv_transfer_params"],
+                 kv_transfer_params={"do_remote_decode": False})
     # -- bad input: both must refuse the same way
     out += _both("unknown_model", [], model="no-such-model")
     out += _both("negative_max_tokens", [], max_tokens=-1)

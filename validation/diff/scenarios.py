@@ -95,22 +95,24 @@ def check(expect: Expect, answer: Answer) -> list[str]:
     if expect.status is not None and answer.status != expect.status:
         out.append(f"expected status {expect.status}, candidate answered {answer.status or answer.transport_error}")
     if expect.body_schema is not None:
-        err = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(expect.body_schema).iter_errors(answer.body))
+        validator = jsonschema.Draft202012Validator(expect.body_schema)
+        err = jsonschema.exceptions.best_match(validator.iter_errors(answer.body))
         if err is not None:
             out.append(f"response body does not match body_schema at {err.json_path}: {err.message[:200]}")
     if expect.output_schema is not None:
-        for c in answer.choices or [None]:
-            if c is None:
-                out.append("no choice to check output_schema against")
-                break
+        if not answer.choices:
+            out.append("no choice to check output_schema against")
+        for c in answer.choices or []:
             try:
                 value = json.loads(c.text)
             except ValueError:
                 out.append(f"choice {c.index}: output is not JSON: {c.text[:80]!r}")
                 continue
-            err = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(expect.output_schema).iter_errors(value))
+            validator = jsonschema.Draft202012Validator(expect.output_schema)
+            err = jsonschema.exceptions.best_match(validator.iter_errors(value))
             if err is not None:
-                out.append(f"choice {c.index}: output does not match output_schema at {err.json_path}: {err.message[:200]}")
+                out.append(f"choice {c.index}: output does not match output_schema at {err.json_path}: "
+                           f"{err.message[:200]}")
     return out
 
 

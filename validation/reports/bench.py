@@ -191,7 +191,8 @@ class BenchReport(ReportModel):
     missing: dict[str, str] = Field(default_factory=dict)   # dotted path of a null figure -> why
 
     # null by design: settings of the run, not figures it measured
-    BY_DESIGN: ClassVar[tuple[str, ...]] = ("load", "goodput_slo", "profile_spec", "samples", "looks", "interleaved", "balance",
+    BY_DESIGN: ClassVar[tuple[str, ...]] = ("load", "goodput_slo", "profile_spec", "samples", "looks", "interleaved",
+                                           "balance",
                                            "cost",
                  "ttft_from_scheduled_ms", "e2e_from_scheduled_ms", "base_url", "model", "profile", "started_unix",
                  "client_health.per_worker", "client_health.workers", "lengths.output_mismatch_samples",
@@ -207,7 +208,8 @@ class BenchReport(ReportModel):
                 self.missing["server"] = "no --metrics-url: the server's metrics were not scraped"
             elif head == "server" and self.server is not None and self.server.error:
                 self.missing["server"] = f"server metrics not scraped: {self.server.error}"
-            elif head in type(self).model_fields and isinstance(getattr(self, head), Quantiles) and getattr(self, head).count == 0:
+            elif (head in type(self).model_fields and isinstance(getattr(self, head), Quantiles)
+                  and getattr(self, head).count == 0):
                 self.missing[head] = "no sample: no successful request measured it"
             else:
                 self.missing[path] = "not measured: absent from the producer's report"

@@ -41,7 +41,8 @@ def generate() -> dict[str, dict[str, Any]]:
     for name, (model, where) in REPORTS.items():
         schema = model.model_json_schema(mode="serialization", by_alias=True)
         head = {"$schema": DIALECT, "$id": f"https://pdops.dev/schemas/{name}.schema.json",
-                "description": f"{(model.__doc__ or model.__name__).strip().splitlines()[0]} Written by: {where}. {RULE}"}
+                "description": f"{(model.__doc__ or model.__name__).strip().splitlines()[0]} "
+                               f"Written by: {where}. {RULE}"}
         out[name] = {**head, **{k: v for k, v in schema.items() if k != "description"}}
     return out
 

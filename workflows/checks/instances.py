@@ -49,7 +49,7 @@ def takes_node(group: dict[str, Any], it: InstanceType) -> bool:
 
 
 def phase_instances(r: Rendered) -> dict[str, tuple[int, dict[str, Any], str, InstanceType | None]]:
-    """phase -> (group index, group, instance type name, its facts or None) for a pinned single type."""
+    """Each phase -> (group index, group, instance type name, its facts or None) for a pinned single type."""
     out = {}
     for name in PHASES:
         if name in _groups(r):
@@ -86,7 +86,8 @@ def instance_facts(r: Rendered) -> Iterator[Finding]:
         yield from _fits(r, name, path, group, it_name, it)
 
 
-def _fits(r: Rendered, name: str, path: str, group: dict[str, Any], it_name: str, it: InstanceType) -> Iterator[Finding]:
+def _fits(r: Rendered, name: str, path: str, group: dict[str, Any], it_name: str,
+          it: InstanceType) -> Iterator[Finding]:
     kfile, limits = r.kustomization_file(), path + ".template.spec.containers[0].resources"
     gpus, efa, tp = _limit(group, GPU), _limit(group, EFA), _tp(r, name)
     for res, want, have, unit in (("cpu", _request(group, "cpu"), it.vcpu, "vCPU"),
@@ -146,7 +147,7 @@ def pd_same_node(r: Rendered) -> Iterator[Finding]:
     groups = _groups(r)
     if _is_cpu(r) or not all(n in groups for n in PHASES):
         return
-    (pi, pg), (di, dg) = groups["prefill"], groups["decode"]
+    (_, pg), (di, dg) = groups["prefill"], groups["decode"]
     if not (_limit(pg, EFA) or _limit(dg, EFA)):
         return
     pods = [pod_spec(pg), pod_spec(dg)]
@@ -160,4 +161,5 @@ def pd_same_node(r: Rendered) -> Iterator[Finding]:
     yield Finding("pd-same-node", "prefill and decode pods can be packed on one node while using EFA: they then "
                   "share the node's EFA devices and PCIe, and a node loss takes both phases", r.kustomization_file(),
                   _group_path(r, di) + ".template.spec.nodeSelector",
-                  "give each phase its own node group (nodeSelector pdops.dev/phase: prefill / decode, as the overlays do)")
+                  "give each phase its own node group (nodeSelector pdops.dev/phase: prefill / decode, "
+                  "as the overlays do)")

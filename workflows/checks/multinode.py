@@ -18,8 +18,22 @@ from typing import Any
 
 from workflows.checks.findings import Finding
 from workflows.checks.instances import _is_cpu, phase_instances
-from workflows.checks.rules import (EFA, GPU, _env, _group_path, _groups, _kv, _limit, _nodes_per_replica, _phase,
-                                    _pp, _serve_file, _serve_path, _tp, rule)
+from workflows.checks.rules import (
+    EFA,
+    GPU,
+    _env,
+    _group_path,
+    _groups,
+    _kv,
+    _limit,
+    _nodes_per_replica,
+    _phase,
+    _pp,
+    _serve_file,
+    _serve_path,
+    _tp,
+    rule,
+)
 from workflows.instances import pod_spec
 from workflows.manifest import Rendered
 from workflows.serve_config import PHASES

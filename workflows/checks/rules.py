@@ -169,8 +169,8 @@ def kv_connector(r: Rendered) -> Iterator[Finding]:
             yield Finding("kv-connector", f"{name} has no kv_transfer_config.kv_connector: KV cannot move",
                           _serve_file(r), _serve_path(name, "engine_kwargs.kv_transfer_config"),
                           "set kv_transfer.connector in release.yaml (NixlConnector)")
-    if all(isinstance(k, dict) and k.get("kv_connector") for k in kvs.values()):
-        p, d = kvs["prefill"], kvs["decode"]
+    p, d = kvs["prefill"], kvs["decode"]   # PHASES
+    if isinstance(p, dict) and isinstance(d, dict) and p.get("kv_connector") and d.get("kv_connector"):
         why = NOT_PD_CONNECTORS.get(p["kv_connector"])
         if why:
             yield Finding("kv-connector", f"{p['kv_connector']} does not move KV from prefill to decode: {why}; "
@@ -193,9 +193,11 @@ def kv_connector(r: Rendered) -> Iterator[Finding]:
 @rule
 def tp_order(r: Rendered) -> Iterator[Finding]:
     if _tp(r, "prefill") > _tp(r, "decode"):
-        yield Finding("tp-order", f"prefill tensor_parallel_size {_tp(r, 'prefill')} exceeds decode's {_tp(r, 'decode')}",
+        yield Finding("tp-order",
+                      f"prefill tensor_parallel_size {_tp(r, 'prefill')} exceeds decode's {_tp(r, 'decode')}",
                       _serve_file(r), _serve_path("prefill", "engine_kwargs.tensor_parallel_size"),
-                      "vLLM's heterogeneous-TP KV transfer needs prefill TP <= decode TP: lower prefill or raise decode")
+                      "vLLM's heterogeneous-TP KV transfer needs prefill TP <= decode TP: "
+                      "lower prefill or raise decode")
 
 
 @rule
@@ -292,7 +294,8 @@ def efa(r: Rendered) -> Iterator[Finding]:
             tolerated = {t.get("key") for t in pod.get("tolerations") or []}
             if not efa_limit:
                 yield Finding("efa-resource", f"{name} uses EFA (LIBFABRIC/FI_PROVIDER) but requests no {EFA}",
-                              r.kustomization_file(), _group_path(r, index) + f".template.spec.containers[0].resources.limits.{EFA}",
+                              r.kustomization_file(),
+                              _group_path(r, index) + f".template.spec.containers[0].resources.limits.{EFA}",
                               "add the efa component (kustomize/components/efa) to the overlay")
             elif not tolerated.intersection(EFA_TAINTS):
                 yield Finding("efa-resource", f"{name} requests EFA but does not tolerate the EFA node taint",
@@ -308,7 +311,7 @@ def _all_containers(r: Rendered) -> Iterator[tuple[str, dict[str, Any]]]:
     head = ((cluster.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
     for i, c in enumerate(_containers(head)):
         yield f"{_rs_name(r)} spec.rayClusterConfig.headGroupSpec.template.spec.containers[{i}]", c
-    for name, (index, group) in _groups(r).items():
+    for index, group in _groups(r).values():
         for i, c in enumerate(_containers((group.get("template") or {}).get("spec") or {})):
             yield _group_path(r, index) + f".template.spec.containers[{i}]", c
 
@@ -316,11 +319,12 @@ def _all_containers(r: Rendered) -> Iterator[tuple[str, dict[str, Any]]]:
 @rule
 def ray_version(r: Rendered) -> Iterator[Finding]:
     declared = str(_cluster(r).get("rayVersion") or "")
-    for path, c in _all_containers(r):
+    for _, c in _all_containers(r):
         tag = str(c.get("image") or "").split("@")[0].rpartition("/")[2].partition(":")[2]
         match = _VERSION.search(tag)
         if match and declared and match.group(1) != declared:
-            yield Finding("ray-version", f"rayVersion {declared} differs from the image's Ray {match.group(1)} ({c.get('image')})",
+            yield Finding("ray-version",
+                          f"rayVersion {declared} differs from the image's Ray {match.group(1)} ({c.get('image')})",
                           r.kustomization_file(), f"{_rs_name(r)} spec.rayClusterConfig.rayVersion",
                           "use an image built for the declared Ray version, or change rayVersion to match")
 
@@ -371,10 +375,12 @@ def lint(r: Rendered) -> list[Finding]:
     # register into RULES when imported; imported here, once this module is whole, to avoid a cycle.
     from workflows.checks import instances, kv_compat, multinode, sizing, zone  # noqa: F401
     if r.rayservice is None:
-        return [Finding("rayservice", "no RayService in the manifest", r.file, "", "render an overlay: pdops render OVERLAY")]
+        return [Finding("rayservice", "no RayService in the manifest", r.file, "",
+                        "render an overlay: pdops render OVERLAY")]
     if not _args(r):
         return [Finding("serve-config", "spec.serveConfigV2 has no build_pd_openai_app application", r.file,
-                        f"{_rs_name(r)} spec.serveConfigV2", "render the overlay with pdops so the serve config is filled")]
+                        f"{_rs_name(r)} spec.serveConfigV2",
+                        "render the overlay with pdops so the serve config is filled")]
     findings: list[Finding] = []
     for check in RULES:
         try:

@@ -71,7 +71,7 @@ def _validate(obj: dict, schema_dir: Path, file: str) -> list[Finding]:
     return sorted(findings, key=lambda f: (f.field, f.message))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _k8s_validator(api_version: str, kind: str) -> jsonschema.protocols.Validator | None:
     """What kubernetes_validate.validate(obj, K8S_VERSION, strict=True) checks (the same files, a
     Draft 2020-12 validator with its definitions in the registry: kubernetes_validate/utils.py
@@ -91,7 +91,7 @@ def _k8s_validator(api_version: str, kind: str) -> jsonschema.protocols.Validato
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _k8s_definitions(folder: str) -> Any:
     from kubernetes_validate import utils
     from referencing import Resource
@@ -101,7 +101,7 @@ def _k8s_definitions(folder: str) -> Any:
 
 def _findings(err: jsonschema.ValidationError, label: str, file: str) -> Iterator[Finding]:
     """One finding per error, and one per unknown field so each has its own path and fix."""
-    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict) and isinstance(err.schema, dict):
         known = list(err.schema.get("properties", {}))
         for name in err.instance:
             if name not in known:
@@ -119,7 +119,7 @@ def _field(label: str, path: Iterable[str | int]) -> str:
 
 
 def _fix(err: jsonschema.ValidationError) -> str:
-    value = err.validator_value
+    value: Any = err.validator_value   # its type depends on the keyword (`type`: str or list, `enum`: list)
     if err.validator == "type":
         return "use a value of type " + " or ".join([value] if isinstance(value, str) else value)
     if err.validator == "enum":
@@ -130,7 +130,7 @@ def _fix(err: jsonschema.ValidationError) -> str:
             }.get(str(err.validator), "")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cel_program(rule: str) -> Any:
     import cel  # 0.2 s to import (it loads its CLI): only when a CEL rule is evaluated
 
@@ -143,7 +143,7 @@ def _cel_rules(validator: Any, rules: list[dict], instance: Any, schema: dict
     for rule in rules:
         try:
             ok = _cel_program(rule["rule"]).execute({"self": instance})
-        except Exception:  # Python CEL lacks some Kubernetes CEL extensions: skip rather than guess
+        except Exception:  # noqa: BLE001 - Python CEL lacks some Kubernetes CEL extensions: skip rather than guess
             continue
         if ok is False:
             yield jsonschema.ValidationError(rule.get("message") or f"failed CEL rule {rule['rule']}",
@@ -186,7 +186,7 @@ def _convert(node: dict) -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _crd_files(schema_dir: Path) -> dict[tuple[str, str], Path]:
     """(group, kind) -> CRD file, read from each file's head only: full CRDs are megabytes."""
     index = {}
@@ -199,7 +199,7 @@ def _crd_files(schema_dir: Path) -> dict[tuple[str, str], Path]:
     return index
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _crd_validator(schema_dir: Path, group: str, kind: str, version: str
                    ) -> jsonschema.protocols.Validator | None:
     path = _crd_files(schema_dir).get((group, kind))
@@ -232,7 +232,7 @@ def _crd_schema(path: Path, version: str) -> dict[str, Any] | None:
     return schema
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _events_definitions(schema_dir: Path) -> dict[str, dict]:
     """Argo Events' schema.json definitions, made strict like the CRDs."""
     path = next(schema_dir.glob("argo-events-*/schema.json"), None)
@@ -240,7 +240,7 @@ def _events_definitions(schema_dir: Path) -> dict[str, dict]:
     return {name: _convert(sub) for name, sub in definitions.items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _events_validator(schema_dir: Path, kind: str) -> jsonschema.protocols.Validator | None:
     name = f"io.argoproj.events.v1alpha1.{kind}"
     definitions = _events_definitions(schema_dir)

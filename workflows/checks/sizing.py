@@ -8,8 +8,19 @@ from typing import Any
 
 from workflows.checks.findings import Finding
 from workflows.checks.instances import GIB, _is_cpu, phase_instances, quantity
-from workflows.checks.rules import (_engine, _env, _groups, _max_serve_replicas, _nodes_per_replica, _phase, _pp,
-                                    _serve_file, _serve_path, _tp, rule)
+from workflows.checks.rules import (
+    _engine,
+    _env,
+    _groups,
+    _max_serve_replicas,
+    _nodes_per_replica,
+    _phase,
+    _pp,
+    _serve_file,
+    _serve_path,
+    _tp,
+    rule,
+)
 from workflows.manifest import Rendered
 from workflows.serve_config import PHASES
 from workflows.sizing import DEFAULT_GPU_MEMORY_UTILIZATION, PhaseSize, architecture_of, load_demand, phase_size
@@ -24,9 +35,9 @@ def size_release(r: Rendered) -> list[PhaseSize]:
     for name in PHASES:
         engine = _engine(r, name)
         mml = engine.get("max_model_len")
-        args = dict(tp=_tp(r, name), pp=_pp(r, name), nodes_per_replica=_nodes_per_replica(r, name),
-                    replicas=_max_serve_replicas(r, name), kv_dtype=engine.get("kv_cache_dtype"),
-                    max_model_len=int(mml) if mml else None)
+        args: dict[str, Any] = dict(tp=_tp(r, name), pp=_pp(r, name), nodes_per_replica=_nodes_per_replica(r, name),
+                                    replicas=_max_serve_replicas(r, name), kv_dtype=engine.get("kv_cache_dtype"),
+                                    max_model_len=int(mml) if mml else None)
         if cpu:
             group = _groups(r).get(name, (0, {}))[1]
             env = _env(group) | ((_phase(r, name).get("runtime_env") or {}).get("env_vars") or {})
@@ -35,8 +46,8 @@ def size_release(r: Rendered) -> list[PhaseSize]:
                      .get("resources") or {}).get("limits", {}).get("memory")
             size = phase_size(arch, name, "cpu", device_memory_gib=quantity(limit) / GIB if limit else 0.0,
                               utilization=None, kv_space_gib=space, **args)
-        elif name in pinned and pinned[name][3] is not None:
-            _, _, it_name, it = pinned[name]
+        elif name in pinned and (it := pinned[name][3]) is not None:
+            it_name = pinned[name][2]
             util = float(engine.get("gpu_memory_utilization") or DEFAULT_GPU_MEMORY_UTILIZATION)
             size = phase_size(arch, name, it_name, device_memory_gib=it.gpu_memory_gib, utilization=util, **args)
         else:

@@ -67,7 +67,7 @@ class ReleaseRecord(BaseModel):
     decided_at: float | None = None
 
     @classmethod
-    def of(cls, manifest: str, name: str, model: str, revision: str) -> "ReleaseRecord":
+    def of(cls, manifest: str, name: str, model: str, revision: str) -> ReleaseRecord:
         return cls(name=name, revision=revision, digest=manifest_digest(manifest), manifest=manifest, model=model)
 
     def short(self) -> str:
@@ -149,7 +149,8 @@ class Target(Protocol):
     def history(self) -> list[ReleaseRecord]:
         """Decided releases, oldest first."""
 
-    def reference_server(self, record: ReleaseRecord, progress: Progress) -> AbstractContextManager[str | Skipped | None]:
+    def reference_server(self, record: ReleaseRecord,
+                         progress: Progress) -> AbstractContextManager[str | Skipped | None]:
         """A single non-disaggregated engine of the record's model serving while the block runs: its
         OpenAI base URL, Skipped(why) when it cannot run this time, or None where this target cannot
         run one. Golden tokens and `pdops diff` share it."""

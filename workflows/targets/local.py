@@ -30,8 +30,17 @@ from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.errors import InputError
 from workflows.manifest import find, serve_config_of
 from workflows.serve_config import IMPORT_PATH, app_args
-from workflows.targets.base import (Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus,
-                                    appended, last_good, other_colour)
+from workflows.targets.base import (
+    Endpoint,
+    Progress,
+    ReleaseRecord,
+    SlotStatus,
+    TargetError,
+    TargetStatus,
+    appended,
+    last_good,
+    other_colour,
+)
 from workflows.targets.local_stack import HOST, LocalRay, Ports, ReferenceEngine
 from workflows.tiny_model import SCHEME, model_dir, resolve_source
 
@@ -218,8 +227,9 @@ class LocalTarget:
             raise TargetError("the local Ray lacks room for both slots: " + ", ".join(
                 f"{k} needs {v}, has {h:g}" for k, (v, h) in short.items()),
                 ["run `pdops down` and release again: Ray restarts sized for this release"])
-        self.ray.deploy([slot_application(r, s) for s, r in (("stable", slots.stable), ("candidate", slots.candidate))
-                         if r])
+        named: list[tuple[Literal["stable", "candidate"], ReleaseRecord | None]] = [
+            ("stable", slots.stable), ("candidate", slots.candidate)]
+        self.ray.deploy([slot_application(r, s) for s, r in named if r])
         self._wait_removed({self._app_name(r) for r in records}, progress)
 
     def _wait_removed(self, keep: set[str], progress: Progress, timeout_s: float = 300) -> None:
@@ -397,7 +407,7 @@ class LocalTarget:
         return decode["model_loading_config"]["model_source"], engine
 
     @contextmanager
-    def reference_server(self, record: ReleaseRecord, progress: Progress) -> Iterator[str | None]:
+    def reference_server(self, record: ReleaseRecord, progress: Progress) -> Iterator[str]:
         """A plain vLLM engine of the record's model with its engines' settings, serving while the
         block runs (about 3 GiB beside both slots; stopped, by its PID, when the block ends)."""
         model_dir, engine = self._reference_settings(record)

@@ -52,11 +52,11 @@ class Ports:
     client: int
 
     @classmethod
-    def from_base(cls, base: int) -> "Ports":
+    def from_base(cls, base: int) -> Ports:
         return cls(*(base + i for i in range(7)))
 
     @classmethod
-    def from_env(cls) -> "Ports":
+    def from_env(cls) -> Ports:
         raw = os.environ.get("PDOPS_LOCAL_PORT", "8000")
         base = int(raw) if raw.isdigit() else -1
         # Ray hands out worker ports from 10002-19999 and NIXL side channels sit at 20000-22999.
@@ -68,7 +68,8 @@ class Ports:
 
 def _http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method,  # noqa: S310 - 127.0.0.1 only
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - 127.0.0.1 only
         text = resp.read().decode() or "null"
     return json.loads(text)
@@ -134,7 +135,8 @@ class LocalRay:
         p = self.ports
         # Niced: on a 2-core machine the engines would otherwise starve the latency harness's event
         # loop (measured: loop lag p99 0.8 s), and a starved client measures itself, not the server.
-        return ["nice", "-n", str(NICENESS), str(ray), "start", "--head", "--block", f"--node-ip-address={HOST}", f"--port={p.gcs}",
+        return ["nice", "-n", str(NICENESS), str(ray), "start", "--head", "--block", f"--node-ip-address={HOST}",
+                f"--port={p.gcs}",
                 "--include-dashboard=true", f"--dashboard-host={HOST}", f"--dashboard-port={p.dashboard}",
                 f"--dashboard-agent-listen-port={p.agent}", f"--ray-client-server-port={p.client}",
                 f"--metrics-export-port={p.metrics}", "--num-cpus=16", f"--resources={json.dumps(resources)}",
@@ -231,7 +233,7 @@ class ReferenceEngine:
                 cmd += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
         return cmd
 
-    def __enter__(self) -> "ReferenceEngine":
+    def __enter__(self) -> ReferenceEngine:
         self.home.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self._command(), stdout=log, stderr=subprocess.STDOUT,

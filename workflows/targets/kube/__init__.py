@@ -1,4 +1,4 @@
-"""The Kubernetes target, one concern per module:
+"""The Kubernetes target, one concern per module.
 
 - api.py: Kubernetes API calls with typed errors (NotFound, Conflict, Forbidden, Invalid)
 - lease.py: the release lock (client-go leader election semantics)

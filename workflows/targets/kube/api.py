@@ -23,8 +23,10 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "Service": ("v1", "services", True), "ServiceAccount": ("v1", "serviceaccounts", True),
     "ConfigMap": ("v1", "configmaps", True), "Pod": ("v1", "pods", True), "Event": ("v1", "events", True),
     "Node": ("v1", "nodes", False),
-    "RayService": ("ray.io/v1", "rayservices", True), "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets", True),
-    "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors", True), "Lease": ("coordination.k8s.io/v1", "leases", True),
+    "RayService": ("ray.io/v1", "rayservices", True),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets", True),
+    "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors", True),
+    "Lease": ("coordination.k8s.io/v1", "leases", True),
     "EndpointSlice": ("discovery.k8s.io/v1", "endpointslices", True),
 }
 
@@ -39,9 +41,10 @@ class ApiError(TargetError):
         # 0 is no HTTP answer at all. 4xx are answers about the request: retrying changes nothing.
         transient = status in (0, 429) or status >= 500
         if status == 403:
-            details.append("the pd-release Role (kustomize/argo/rbac.yaml) grants what rollout/promote/rollback need in "
-                           f"{namespace}; check the ServiceAccount the step runs as")
-        super().__init__(f"Kubernetes API refused to {what} in {namespace}: {status} {reason}", details, transient=transient)
+            details.append("the pd-release Role (kustomize/argo/rbac.yaml) grants what rollout/promote/rollback "
+                           f"need in {namespace}; check the ServiceAccount the step runs as")
+        super().__init__(f"Kubernetes API refused to {what} in {namespace}: {status} {reason}", details,
+                         transient=transient)
 
 
 class NotFound(ApiError):
@@ -49,7 +52,8 @@ class NotFound(ApiError):
 
 
 class Conflict(ApiError):
-    """409: the object changed since it was read (resourceVersion, delete precondition), exists, or an apply conflict."""
+    """409: the object changed since it was read (resourceVersion, delete precondition), exists, or an
+    apply conflict."""
 
 
 class Forbidden(ApiError):
@@ -81,7 +85,8 @@ class Kube:
         try:
             method_, url, headers, payload, post = self.api.param_serialize(
                 method, self._path(kind, name, all_namespaces), query_params=params, body=body,
-                header_params={"Accept": "application/json", "Content-Type": content_type}, auth_settings=["BearerToken"])
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                auth_settings=["BearerToken"])
             response = self.api.call_api(method_, url, headers, payload, post)
             response.read()
         except urllib3.exceptions.HTTPError as exc:
@@ -89,9 +94,11 @@ class Kube:
                               ["check --kubeconfig/--context and that the cluster endpoint is reachable"],
                               transient=True) from None
         except ApiException as exc:
-            raise self._error(exc.status, exc.reason, exc.body, what or f"{method.lower()} {kind}/{name or ''}") from None
+            raise self._error(exc.status, exc.reason, exc.body,
+                              what or f"{method.lower()} {kind}/{name or ''}") from None
         if not 200 <= response.status <= 299:
-            raise self._error(response.status, response.reason, response.data, what or f"{method.lower()} {kind}/{name or ''}")
+            raise self._error(response.status, response.reason, response.data,
+                              what or f"{method.lower()} {kind}/{name or ''}")
         return json.loads(response.data or b"null")
 
     def _error(self, status: int | None, reason: str | None, body: Any, what: str) -> ApiError:
@@ -111,7 +118,8 @@ class Kube:
 
     def list(self, kind: str, labels: dict[str, str] | str | None = None, fields: str | None = None,
              all_namespaces: bool = False) -> list[dict[str, Any]]:
-        selector = labels if isinstance(labels, str) or labels is None else ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        selector = (labels if isinstance(labels, str) or labels is None
+                    else ",".join(f"{k}={v}" for k, v in sorted(labels.items())))
         data = self.request("GET", kind, query={"labelSelector": selector, "fieldSelector": fields},
                             all_namespaces=all_namespaces, what=f"list {KINDS[kind][1]}")
         return data.get("items") or []
@@ -128,7 +136,8 @@ class Kube:
 
     def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
         """PUT carrying metadata.resourceVersion: 409 Conflict when the object changed since it was read."""
-        return self.request("PUT", obj["kind"], obj["metadata"]["name"], body=obj, query={"fieldManager": FIELD_MANAGER},
+        return self.request("PUT", obj["kind"], obj["metadata"]["name"], body=obj,
+                            query={"fieldManager": FIELD_MANAGER},
                             what=f"update {obj['kind']}/{obj['metadata']['name']}")
 
     def delete(self, kind: str, name: str, resource_version: str | None = None, uid: str | None = None) -> bool:

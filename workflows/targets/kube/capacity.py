@@ -44,7 +44,8 @@ def rayservice_pods(rayservice: dict[str, Any]) -> list[PodNeed]:
     """The pods KubeRay will create for a RayService: one head, replicas x numOfHosts per worker group."""
     cluster = rayservice["spec"]["rayClusterConfig"]
     groups = [("head", cluster["headGroupSpec"], 1)] + [
-        (g["groupName"], g, max(int(g.get("replicas") or 0), int(g.get("minReplicas") or 0)) * int(g.get("numOfHosts", 1)))
+        (g["groupName"], g,
+         max(int(g.get("replicas") or 0), int(g.get("minReplicas") or 0)) * int(g.get("numOfHosts", 1)))
         for g in cluster.get("workerGroupSpecs") or []]
     out = []
     for name, group, count in groups:
@@ -75,7 +76,8 @@ def _tolerates(pod: PodNeed, node: dict[str, Any]) -> bool:
 
 def free_by_node(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, dict[str, Decimal]]:
     """Allocatable minus what bound, not finished pods request, per schedulable node."""
-    free = {n["metadata"]["name"]: {r: parse_quantity(v) for r, v in ((n.get("status") or {}).get("allocatable") or {}).items()}
+    free = {n["metadata"]["name"]: {r: parse_quantity(v)
+                                    for r, v in ((n.get("status") or {}).get("allocatable") or {}).items()}
             for n in nodes if _schedulable(n)}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
@@ -92,7 +94,8 @@ def _fmt(res: dict[str, Decimal]) -> str:
     return ", ".join(one(r, res.get(r, Decimal(0))) for r in RESOURCES if r != "pods")
 
 
-def place(wanted: list[PodNeed], nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def place(wanted: list[PodNeed], nodes: list[dict[str, Any]],
+          pods: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """(where each pod goes, what did not fit) for `wanted` on the nodes' free resources."""
     free = free_by_node(nodes, pods)
     labels = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}) for n in nodes}
@@ -101,10 +104,12 @@ def place(wanted: list[PodNeed], nodes: list[dict[str, Any]], pods: list[dict[st
     for pod in sorted(wanted, key=lambda p: (-p.requests.get(GPU, 0), -p.requests.get("cpu", 0))):
         fits = [n for n in sorted(free) if all(labels[n].get(k) == v for k, v in pod.node_selector.items())
                 and _tolerates(pod, by_name[n])]
-        node = next((n for n in fits if all(free[n].get(r, Decimal(0)) >= v for r, v in pod.requests.items() if v > 0)), None)
+        node = next((n for n in fits
+                     if all(free[n].get(r, Decimal(0)) >= v for r, v in pod.requests.items() if v > 0)), None)
         need = _fmt(pod.requests)
         if node is None:
-            where = "; ".join(f"{n}: {_fmt(free[n])} free" for n in fits) or "no schedulable node matches its nodeSelector"
+            where = ("; ".join(f"{n}: {_fmt(free[n])} free" for n in fits)
+                     or "no schedulable node matches its nodeSelector")
             short.append(f"{pod.name} ({need}; nodeSelector {pod.node_selector or '{}'}) fits on no node — {where}")
             continue
         for r, v in pod.requests.items():

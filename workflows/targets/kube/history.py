@@ -37,7 +37,9 @@ class State:
 
 
 def _cut(text: str) -> str:
-    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS] + f" ... [{len(text) - REASON_CHARS} more characters in the report]"
+    if len(text) <= REASON_CHARS:
+        return text
+    return text[:REASON_CHARS] + f" ... [{len(text) - REASON_CHARS} more characters in the report]"
 
 
 def _slim(record: ReleaseRecord, keep_manifest: bool) -> ReleaseRecord:
@@ -54,15 +56,18 @@ def encode(state: State, budget: int = BUDGET) -> dict[str, str]:
     slots = json.dumps({"stable": dump(state.stable and _slim(state.stable, True)),
                         "candidate": dump(state.candidate and _slim(state.candidate, True))})
     if len(slots.encode()) > budget // 2:
-        raise TargetError(f"the release's manifests take {len(slots.encode())} bytes; the history ConfigMap holds {LIMIT}",
-                          ["a rendered manifest should be ~10 KiB: check the overlay for embedded files or huge serve configs"])
+        raise TargetError(f"the release's manifests take {len(slots.encode())} bytes; "
+                          f"the history ConfigMap holds {LIMIT}",
+                          ["a rendered manifest should be ~10 KiB: check the overlay for embedded files "
+                           "or huge serve configs"])
     good = last_good(state.history)
     records = [_slim(r, r.verdict == "promote") for r in state.history[-HISTORY_KEEP:]]
     while True:
         history = json.dumps([dump(r) for r in records])
         if len(history.encode()) + len(slots.encode()) <= budget or len(records) <= 1:
             return {"history.json": history, "slots.json": slots}
-        drop = next((i for i, r in enumerate(records) if good is None or r.digest != good.digest or r.verdict != "promote"), 0)
+        drop = next((i for i, r in enumerate(records)
+                     if good is None or r.digest != good.digest or r.verdict != "promote"), 0)
         records.pop(drop)
 
 
@@ -70,7 +75,8 @@ def decode(data: dict[str, str], release: str) -> State:
     slots = json.loads(data.get("slots.json") or "{}")
     def one(key: str) -> ReleaseRecord | None:
         return ReleaseRecord.model_validate(slots[key]) if slots.get(key) else None
-    return State(release=release, history=[ReleaseRecord.model_validate(r) for r in json.loads(data.get("history.json") or "[]")],
+    history = [ReleaseRecord.model_validate(r) for r in json.loads(data.get("history.json") or "[]")]
+    return State(release=release, history=history,
                  stable=one("stable"), candidate=one("candidate"))
 
 

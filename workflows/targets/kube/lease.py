@@ -1,5 +1,5 @@
 """The release lock: a coordination.k8s.io Lease, taken and renewed the way client-go's leader election does
-(kubernetes/client-go tools/leaderelection/leaderelection.go):
+(kubernetes/client-go tools/leaderelection/leaderelection.go).
 
 - every write is an Update (PUT) of the Lease as last read, so it carries that resourceVersion:
   if anyone wrote in between, the API server answers 409 and the write is lost, never a silent
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from workflows.names import LOCK_NAME, PART_OF
@@ -31,7 +31,7 @@ RENEW_DEADLINE = 2 / 3  # ... and give the lock up when renewals failed for two 
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class ReleaseLock:
@@ -75,7 +75,8 @@ class ReleaseLock:
                 try:
                     self._lease = self.kube.replace(lease)  # carries the resourceVersion we read
                     if holder and holder != self.holder:
-                        progress(f"[lock] took over Lease {LOCK_NAME} from {holder} (unchanged for {self.lease_s:.0f}s)")
+                        progress(f"[lock] took over Lease {LOCK_NAME} from {holder} "
+                                 f"(unchanged for {self.lease_s:.0f}s)")
                     break
                 except Conflict:
                     continue  # someone wrote in between: read again
@@ -86,7 +87,8 @@ class ReleaseLock:
     def _busy(self, holder: str, why: str) -> TargetError:
         return TargetError(f"another release is running in namespace {self.kube.namespace}",
                            [f"holder: {holder} (Lease {LOCK_NAME}); {why}",
-                            f"wait for it to finish; a holder that died loses the lock {self.lease_s:.0f}s after it stops renewing"])
+                            f"wait for it to finish; a holder that died loses the lock {self.lease_s:.0f}s "
+                            "after it stops renewing"])
 
     def _renew_loop(self) -> None:
         last_ok = time.monotonic()
@@ -99,11 +101,13 @@ class ReleaseLock:
                 last_ok = time.monotonic()
             except Conflict:
                 current = self.kube.get("Lease", LOCK_NAME) or {}
-                self._lost = f"Lease {LOCK_NAME} was taken by {(current.get('spec') or {}).get('holderIdentity') or 'nobody'}"
+                taker = (current.get("spec") or {}).get("holderIdentity") or "nobody"
+                self._lost = f"Lease {LOCK_NAME} was taken by {taker}"
                 return
             except TargetError as exc:
                 if time.monotonic() - last_ok >= self.lease_s * RENEW_DEADLINE:
-                    self._lost = f"could not renew Lease {LOCK_NAME} for {time.monotonic() - last_ok:.0f}s: {exc.problem}"
+                    self._lost = (f"could not renew Lease {LOCK_NAME} for {time.monotonic() - last_ok:.0f}s: "
+                                  f"{exc.problem}")
                     return
 
     def check(self) -> None:

@@ -64,10 +64,12 @@ def service_name(record: ReleaseRecord) -> str:
 
 
 def check(record: ReleaseRecord, namespace: str) -> None:
-    others = sorted({o["metadata"]["namespace"] for o in _parse(record.manifest) if o.get("metadata", {}).get("namespace")} - {namespace})
+    others = sorted({o["metadata"]["namespace"] for o in _parse(record.manifest)
+                     if o.get("metadata", {}).get("namespace")} - {namespace})
     if others:
         raise TargetError(f"the manifest is rendered for namespace {', '.join(others)}, the target is {namespace}",
-                          ["pass --namespace matching the overlay's kustomization, or render the overlay for this namespace"])
+                          ["pass --namespace matching the overlay's kustomization, "
+                           "or render the overlay for this namespace"])
     unknown = sorted({o["kind"] for o in _parse(record.manifest)} - set(MANIFEST_KINDS))
     if unknown:
         raise TargetError(f"the kubernetes target does not apply {', '.join(unknown)}",
@@ -76,8 +78,8 @@ def check(record: ReleaseRecord, namespace: str) -> None:
 
 def _group_pods(rayservice: dict[str, Any]) -> dict[str, int]:
     groups = rayservice["spec"]["rayClusterConfig"].get("workerGroupSpecs") or []
-    return {g["groupName"]: max(int(g.get("replicas") or 0), int(g.get("minReplicas") or 0)) * int(g.get("numOfHosts", 1))
-            for g in groups}
+    return {g["groupName"]: max(int(g.get("replicas") or 0), int(g.get("minReplicas") or 0))
+            * int(g.get("numOfHosts", 1)) for g in groups}
 
 
 def _pdb(pdb: dict[str, Any], colour: str, pods: dict[str, int]) -> dict[str, Any]:
@@ -92,9 +94,9 @@ def _pdb(pdb: dict[str, Any], colour: str, pods: dict[str, int]) -> dict[str, An
         if group not in pods or not isinstance(unavailable, int):
             raise TargetError(f"PodDisruptionBudget {meta['name']}: maxUnavailable {unavailable!r} on pods of "
                               f"{'group ' + group if group else 'no single worker group'} cannot work for KubeRay pods",
-                              ["the disruption controller needs a scale subresource for maxUnavailable and percentages, "
-                               "and RayCluster has none; select one worker group (ray.io/group) with an integer "
-                               "maxUnavailable, or use an integer minAvailable"])
+                              ["the disruption controller needs a scale subresource for maxUnavailable and "
+                               "percentages, and RayCluster has none; select one worker group (ray.io/group) "
+                               "with an integer maxUnavailable, or use an integer minAvailable"])
         spec["minAvailable"] = max(0, pods[group] - unavailable)
     return pdb
 
@@ -109,10 +111,12 @@ def release_objects(record: ReleaseRecord, namespace: str) -> list[dict[str, Any
         if obj["kind"] == "RayService":
             meta["name"] = rs_name(record)
             meta.setdefault("labels", {}).update({COLOUR_LABEL: colour, RELEASE_LABEL: record.name})
-            meta.setdefault("annotations", {}).update({DIGEST_ANNOTATION: record.digest, REVISION_ANNOTATION: record.revision})
+            meta.setdefault("annotations", {}).update({DIGEST_ANNOTATION: record.digest,
+                                                       REVISION_ANNOTATION: record.revision})
             cluster = obj["spec"]["rayClusterConfig"]
             for group in [cluster["headGroupSpec"], *(cluster.get("workerGroupSpecs") or [])]:
-                group.setdefault("template", {}).setdefault("metadata", {}).setdefault("labels", {})[COLOUR_LABEL] = colour
+                meta_of_pods = group.setdefault("template", {}).setdefault("metadata", {})
+                meta_of_pods.setdefault("labels", {})[COLOUR_LABEL] = colour
         elif obj["kind"] == "PodDisruptionBudget":
             obj = _pdb(obj, colour, pods)
         elif obj["kind"] == "PodMonitor":

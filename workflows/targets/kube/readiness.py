@@ -51,7 +51,8 @@ def rayservice_state(rs: dict[str, Any]) -> RayServiceState:
     current = generation is None or observed is None or observed >= generation
     if ready and not upgrading and current and active and all(s == "RUNNING" for s in active):
         return RayServiceState("ready", "RUNNING", False)
-    unhealthy = [f"{name}: {app.get('message') or 'no message'}" for _, name, app in apps if app.get("status") == "UNHEALTHY"]
+    unhealthy = [f"{name}: {app.get('message') or 'no message'}" for _, name, app in apps
+                 if app.get("status") == "UNHEALTHY"]
     if unhealthy:
         return RayServiceState("failed", "UNHEALTHY: " + "; ".join(unhealthy), False)
     seen = sorted({str(app.get("status")) for _, _, app in apps})
@@ -64,13 +65,15 @@ def pod_problems(pod: dict[str, Any]) -> list[str]:
     out = []
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            out.append(f"pod {name}: {status.get('phase', 'Pending')}, {cond.get('reason', 'not scheduled')}: {cond.get('message', '')}".rstrip(": "))
+            out.append(f"pod {name}: {status.get('phase', 'Pending')}, {cond.get('reason', 'not scheduled')}: "
+                       f"{cond.get('message', '')}".rstrip(": "))
     for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in FAILING_WAIT_REASONS:
             last = ((cs.get("lastState") or {}).get("terminated") or {})
             died = f"; last exit: {last.get('reason', '?')} (code {last.get('exitCode', '?')})" if last else ""
-            out.append(f"pod {name} container {cs.get('name')}: {waiting['reason']} (restarts {cs.get('restartCount', 0)}){died}"
+            out.append(f"pod {name} container {cs.get('name')}: {waiting['reason']} "
+                       f"(restarts {cs.get('restartCount', 0)}){died}"
                        + (f": {waiting['message']}" if waiting.get("message") else ""))
     if status.get("phase") == "Failed":
         out.append(f"pod {name}: Failed ({status.get('reason', '')}: {status.get('message', '')})")
@@ -80,10 +83,11 @@ def pod_problems(pod: dict[str, Any]) -> list[str]:
 def event_lines(events: list[dict[str, Any]], prefix: str, keep: int) -> list[str]:
     """The newest `keep` Events about objects named `prefix*` (RayService, RayCluster, pods), oldest first."""
     mine = [e for e in events if (e.get("involvedObject") or {}).get("name", "").startswith(prefix)]
-    mine.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or e.get("metadata", {}).get("creationTimestamp") or ""))
+    mine.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime")
+                                or e.get("metadata", {}).get("creationTimestamp") or ""))
     out = []
     for event in mine[-keep:]:
         obj = event.get("involvedObject") or {}
-        out.append(f"event {event.get('type', '')} {event.get('reason', '')} {obj.get('kind', '')}/{obj.get('name', '')}: "
-                   f"{event.get('message', '')}".strip())
+        out.append(f"event {event.get('type', '')} {event.get('reason', '')} "
+                   f"{obj.get('kind', '')}/{obj.get('name', '')}: {event.get('message', '')}".strip())
     return out

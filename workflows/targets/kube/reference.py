@@ -44,7 +44,8 @@ def name_of(record: ReleaseRecord) -> str:
 
 def _decode_group(cluster: dict[str, Any]) -> dict[str, Any]:
     groups = cluster.get("workerGroupSpecs") or []
-    found = [g for g in groups if ((g.get("template") or {}).get("metadata") or {}).get("labels", {}).get(PHASE_LABEL) == "decode"]
+    found = [g for g in groups
+             if ((g.get("template") or {}).get("metadata") or {}).get("labels", {}).get(PHASE_LABEL) == "decode"]
     found = found or [g for g in groups if g.get("groupName") == "decode"]
     if len(found) != 1:
         raise TargetError(f"the RayService has {len(found)} decode worker groups; the reference needs exactly one",
@@ -168,7 +169,8 @@ class References:
 
     def _serve_endpoints(self, service: str) -> int:
         slices = self.kube.list("EndpointSlice", {"kubernetes.io/service-name": service})
-        return sum(1 for s in slices for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready") is not False)
+        return sum(1 for s in slices for e in s.get("endpoints") or []
+                   if (e.get("conditions") or {}).get("ready") is not False)
 
     def _reference_diagnosis(self, name: str) -> list[str]:
         out = [line for pod in self.kube.list("Pod", {ROLE_LABEL: ROLE}) for line in pod_problems(pod)]

@@ -8,13 +8,14 @@ finalizer), and promote drains the Service before it deletes the old colour.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workflows.names import COLOUR_LABEL
 from workflows.targets.base import Progress, ReleaseRecord, TargetError, appended, last_good, other_colour
-from workflows.targets.kube import objects as obj
-from workflows.targets.kube import traffic
+from workflows.targets.kube import objects as obj, traffic
 
+if TYPE_CHECKING:
+    from workflows.targets.kube.history import State
 
 DRAIN_TIMEOUT_S = 300.0  # endpoints follow a selector change in seconds; longer means the new colour is not serving
 
@@ -28,6 +29,16 @@ class Slots:
     poll_s: float
     _dry_candidate: ReleaseRecord | None
 
+    if TYPE_CHECKING:  # supplied by KubernetesTarget (target.py); declared here for the type checker only
+        def _state(self, release: str | None = None) -> State: ...
+        def _save(self, state: State) -> None: ...
+        def _check_lock(self) -> None: ...
+        def _candidate(self, state: State) -> ReleaseRecord: ...
+        def _wait(self, record: ReleaseRecord, timeout_s: float, progress: Progress) -> None: ...
+        def _wait_gone(self, name: str, progress: Progress, step: str = "rollout") -> None: ...
+        def _check_capacity(self, candidate: ReleaseRecord, progress: Progress) -> None: ...
+        def remove_references(self, progress: Progress, step: str = "reference") -> list[str]: ...
+
     def apply(self, record: ReleaseRecord, progress: Progress) -> ReleaseRecord:
         state = self._state(record.name)
         pending = state.candidate or self._dry_candidate
@@ -35,13 +46,15 @@ class Slots:
             if pending.digest != record.digest:
                 raise TargetError(
                     f"candidate {pending.short()} is pending in {pending.colour}; {record.short()} cannot start",
-                    ["run `pdops rollback --if-candidate-pending` first (it records the pending candidate as rolled back)"])
+                    ["run `pdops rollback --if-candidate-pending` first "
+                     "(it records the pending candidate as rolled back)"])
             rs = self.kube.get("RayService", obj.rs_name(pending))
             if rs is None or rs["metadata"].get("deletionTimestamp"):
                 progress(f"[rollout] {pending.short()} is pending but its RayService is missing; applying it again")
                 self._apply_release(pending, progress)
             else:
-                progress(f"[rollout] {pending.short()} is already the pending candidate in {pending.colour}; nothing applied")
+                progress(f"[rollout] {pending.short()} is already the pending candidate in {pending.colour}; "
+                         "nothing applied")
             return pending
         if state.stable is not None and state.stable.digest == record.digest:
             progress(f"[rollout] {record.short()} is already stable in {state.stable.colour}; nothing applied")
@@ -69,7 +82,8 @@ class Slots:
                 baseline: list[dict] | None = None) -> ReleaseRecord:
         state = self._state()
         candidate = self._candidate(state)
-        if not (self.dry_run and candidate is self._dry_candidate) and self.kube.get("RayService", obj.rs_name(candidate)) is None:
+        if (not (self.dry_run and candidate is self._dry_candidate)
+                and self.kube.get("RayService", obj.rs_name(candidate)) is None):
             raise TargetError(f"the candidate's RayService {obj.rs_name(candidate)} is gone; nothing to promote",
                               ["run `pdops rollback` to record it and check the stable slot"])
         previous = state.stable
@@ -92,7 +106,8 @@ class Slots:
             last = rayservice_state(rs).detail if rs is not None else "RayService absent"
             self._remove_colour(candidate, progress)  # before the record: a retry finds the candidate again
             said = any(last in r for r in reasons)  # a failed wait already quotes KubeRay's message: once is enough
-            decided = _decided(candidate, "rollback", reasons + ([] if said else [f"candidate state at rollback: {last}"]), report)
+            decided = _decided(candidate, "rollback",
+                               reasons + ([] if said else [f"candidate state at rollback: {last}"]), report)
             state.history, state.candidate = appended(state.history, decided), None
             self._save(state)
             self._dry_candidate = None
@@ -114,7 +129,8 @@ class Slots:
         redeployed = ""
         rs = self.kube.get("RayService", obj.rs_name(stable))
         if rs is None or rs["metadata"].get("deletionTimestamp"):
-            progress(f"[rollback] stable RayService {obj.rs_name(stable)} is missing; redeploying {stable.short()} from history")
+            progress(f"[rollback] stable RayService {obj.rs_name(stable)} is missing; "
+                     f"redeploying {stable.short()} from history")
             self._apply_release(stable, progress)
             if not self.dry_run:
                 self._wait(stable, self.restore_timeout_s, progress)
@@ -142,7 +158,8 @@ class Slots:
             raise TargetError(f"no good release before {current.short()} in the history ConfigMap",
                               ["roll forward with a fixed release instead (`pdops rollout`)"])
         restore = previous.model_copy(update={"colour": other_colour(current.colour), "verdict": "pending",
-                                              "applied_at": time.time(), "decided_at": None, "reasons": [], "report": None})
+                                              "applied_at": time.time(), "decided_at": None, "reasons": [],
+                                              "report": None})
         self._check_capacity(restore, progress)
         state.history, state.stable = history, current.model_copy(update={"verdict": "regressed"})
         state.candidate = restore
@@ -197,4 +214,5 @@ class Slots:
 
 
 def _decided(record: ReleaseRecord, verdict: str, reasons: list[str], report: str | None) -> ReleaseRecord:
-    return record.model_copy(update={"verdict": verdict, "reasons": list(reasons), "report": report, "decided_at": time.time()})
+    return record.model_copy(update={"verdict": verdict, "reasons": list(reasons), "report": report,
+                                     "decided_at": time.time()})

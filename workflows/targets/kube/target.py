@@ -24,10 +24,7 @@ from kubernetes import client, config
 from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.names import ROLE_LABEL
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
-from workflows.targets.kube import golden_cache
-from workflows.targets.kube import objects as obj
-from workflows.targets.kube import reference as ref
-from workflows.targets.kube import traffic
+from workflows.targets.kube import golden_cache, objects as obj, reference as ref, traffic
 from workflows.targets.kube.api import Kube
 from workflows.targets.kube.capacity import PodNeed, place, rayservice_pods
 from workflows.targets.kube.history import HistoryStore, State
@@ -74,8 +71,10 @@ class KubernetesTarget(Slots, ref.References):
         if self.dry_run:
             yield
             return
-        lock = ReleaseLock(self.kube, f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}", self.lease_s, min(self.poll_s, 1.0))
-        lock.acquire(lambda line: print(line, file=sys.stderr, flush=True))  # session() has no progress; a takeover waits minutes
+        holder = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
+        lock = ReleaseLock(self.kube, holder, self.lease_s, min(self.poll_s, 1.0))
+        # session() has no progress; a takeover waits minutes
+        lock.acquire(lambda line: print(line, file=sys.stderr, flush=True))
         self._lock = lock
         try:
             yield
@@ -119,7 +118,8 @@ class KubernetesTarget(Slots, ref.References):
                 stable.detail += (f"; but Service {obj.service_name(state.stable)} selects {selected or 'nothing'}"
                                   " — `pdops rollback` points it at the stable slot")
         leftovers = [f"RayService {rs['metadata']['name']} (single-engine reference of a run that did not finish; "
-                     "the next release or `pdops rollback` deletes it)" for rs in self.kube.list("RayService", {ROLE_LABEL: ref.ROLE})]
+                     "the next release or `pdops rollback` deletes it)"
+                     for rs in self.kube.list("RayService", {ROLE_LABEL: ref.ROLE})]
         return TargetStatus(target=self.kind, stable=stable, candidate=self._slot_status("candidate", state.candidate),
                             last_good=last_good(state.history), leftovers=leftovers)
 
@@ -135,7 +135,8 @@ class KubernetesTarget(Slots, ref.References):
         state = self._state()
         record = state.stable if slot == "stable" else (state.candidate or self._dry_candidate)
         if record is None:
-            raise TargetError(f"no {slot} release in namespace {self.namespace}", ["run `pdops rollout` (and promote) first"])
+            raise TargetError(f"no {slot} release in namespace {self.namespace}",
+                              ["run `pdops rollout` (and promote) first"])
         return traffic.endpoint(self.kube, slot, record, self.metrics_lag_s)
 
     def history(self) -> list[ReleaseRecord]:
@@ -170,7 +171,8 @@ class KubernetesTarget(Slots, ref.References):
             return SlotStatus(slot=slot)
         rs = self.kube.get("RayService", obj.rs_name(record))
         if rs is None:
-            return SlotStatus(slot=slot, release=record, state="absent", detail=f"RayService {obj.rs_name(record)} not found")
+            return SlotStatus(slot=slot, release=record, state="absent",
+                              detail=f"RayService {obj.rs_name(record)} not found")
         found = rayservice_state(rs)
         return SlotStatus(slot=slot, release=record, state=found.state, detail=f"{obj.rs_name(record)}: {found.detail}",
                           endpoint=traffic.endpoint(self.kube, slot, record, self.metrics_lag_s))
@@ -202,7 +204,8 @@ class KubernetesTarget(Slots, ref.References):
         name = obj.rs_name(record)
         out = [line for pod in self.kube.list("Pod", {obj.COLOUR_LABEL: record.colour}) for line in pod_problems(pod)]
         out += event_lines(self.kube.list("Event"), name, RECENT_EVENTS)
-        return out or [f"no failing pods or events found for {name}; `kubectl -n {self.namespace} describe rayservice {name}`"]
+        return out or [f"no failing pods or events found for {name}; "
+                       f"`kubectl -n {self.namespace} describe rayservice {name}`"]
 
     def _wait_gone(self, name: str, progress: Progress, step: str = "rollout") -> None:
         """KubeRay's finalizer keeps a deleted RayService until its RayClusters are gone; applying
@@ -236,8 +239,9 @@ class KubernetesTarget(Slots, ref.References):
         except TargetError as exc:
             if getattr(exc, "status", None) != 403:
                 raise
-            progress(f"[{step}] capacity check skipped: listing nodes and pods cluster-wide is forbidden (the pd-release "
-                     "Role is namespaced). Bind the ClusterRole `pdops-node-reader` (README, Install on EKS) to enable the check")
+            progress(f"[{step}] capacity check skipped: listing nodes and pods cluster-wide is forbidden (the "
+                     "pd-release Role is namespaced). Bind the ClusterRole `pdops-node-reader` (README, Install on "
+                     "EKS) to enable the check")
             return []
         placed, short = place(wanted, nodes, pods)
         for line in placed:
@@ -252,8 +256,8 @@ class KubernetesTarget(Slots, ref.References):
             raise TargetError(f"the candidate {obj.rs_name(candidate)} does not fit on the cluster's nodes", short + [
                 "blue/green runs a new RayCluster beside the stable one until promotion, so its pods need room next to "
                 "everything already on the nodes; without it KubeRay leaves them Pending and the rollout hangs",
-                "fix: add nodes to the node group(s) named above (eksctl scale nodegroup, or raise the Karpenter NodePool "
-                "limits), or free them, then re-run; if an autoscaler adds nodes on demand, disable the check "
+                "fix: add nodes to the node group(s) named above (eksctl scale nodegroup, or raise the Karpenter "
+                "NodePool limits), or free them, then re-run; if an autoscaler adds nodes on demand, disable the check "
                 "(capacity_check=False)"])
 
 
@@ -267,4 +271,5 @@ def _load_client(kubeconfig: str | None, context: str | None) -> client.ApiClien
         return config.new_client_from_config(config_file=kubeconfig, context=context)
     except (config.ConfigException, OSError) as exc:
         raise TargetError(f"cannot load Kubernetes credentials: {exc}",
-                          ["pass --kubeconfig FILE (and --context NAME), or run in the cluster as the pd-release ServiceAccount"]) from None
+                          ["pass --kubeconfig FILE (and --context NAME), "
+                           "or run in the cluster as the pd-release ServiceAccount"]) from None

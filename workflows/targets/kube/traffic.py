@@ -23,10 +23,10 @@ from workflows.targets.kube import objects as obj
 from workflows.targets.kube.api import Kube
 
 
-
 def _metrics_port(rayservice: dict[str, Any], group: str) -> int:
     cluster = rayservice["spec"]["rayClusterConfig"]
-    spec = next((g for g in cluster.get("workerGroupSpecs") or [] if g.get("groupName") == group), cluster["headGroupSpec"])
+    spec = next((g for g in cluster.get("workerGroupSpecs") or [] if g.get("groupName") == group),
+                cluster["headGroupSpec"])
     containers = (spec.get("template") or {}).get("spec", {}).get("containers") or [{}]
     return next((p["containerPort"] for p in containers[0].get("ports") or [] if p.get("name") == "metrics"), 8080)
 
@@ -101,7 +101,8 @@ def drain(kube: Kube, service: str, colour: str, grace_s: float, timeout_s: floa
                      f"({count} endpoints) after {timeout_s:.0f}s")
             return False
         time.sleep(poll_s)
-    progress(f"[promote] Service {service} routes to {colour} only ({count} endpoints, {time.monotonic() - start:.1f}s); "
+    progress(f"[promote] Service {service} routes to {colour} only "
+             f"({count} endpoints, {time.monotonic() - start:.1f}s); "
              f"{grace_s:.0f}s for streams on the old colour to finish")
     time.sleep(grace_s)
     return True
