@@ -172,3 +172,7 @@ class Validation(_Strict):
     # Whether the release runs the differential suite where the target has a reference engine.
     diff: bool = True
     balance: BalancePolicy = BalancePolicy()
+    # The single-engine reference golden tokens and the diff compare with: `rayservice`, the target's
+    # own (Kubernetes: a short-lived RayService of one decode pod; local: a plain vLLM engine), or
+    # `none` (both checks reported skipped, e.g. a cluster with no room for one more decode pod).
+    reference: Literal["rayservice", "none"] = "rayservice"

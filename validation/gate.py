@@ -60,15 +60,17 @@ def _q(summary: Quantiles | None, q: str) -> float | None:
 def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence[BenchReport | dict[str, Any]],
            slo: SLO, stable_in: Sequence[BenchReport | dict[str, Any]] | None = None,
            golden_in: GoldenReport | dict[str, Any] | None = None, replaced: list[str] | None = None,
-           diff: Any = None, look: int = 1,
-           balance_block: bool = False) -> Decision:
+           diff: Any = None, look: int = 1, balance_block: bool = False,
+           skipped: dict[str, str] | None = None) -> Decision:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
-    (the Kubernetes pipeline) do not run it. `replaced`: the candidate's engines that were replaced
+    (or a `skipped` one) do not run it. `replaced`: the candidate's engines that were replaced
     while it was validated, where the target can tell; a candidate that lost an engine is unproven
     even when its restarted engine then passed every check (measured: a killed prefill engine).
     `look`: which run of an extended validation this is (1 = the first; slo.statistics).
     `balance_block`: a run whose phases are imbalanced fails (validation.balance.block); otherwise its
     verdict is reported as a passing check.
+    `skipped`: check name -> why it could not run (no reference engine this time): listed, verdict
+    `skipped`, not blocking, so a skip is never mistaken for a pass.
     Reports may be given as the JSON dicts their producers wrote; they are read as models."""
     compat = CompatReport.coerce(compat_in) if compat_in is not None else None
     benches = [BenchReport.coerce(b) for b in benches_in]
@@ -115,6 +117,10 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
     if diff is not None:  # pdops diff (validation/diff/): P/D vs single engine, unexpected divergences block
         from validation.diff.release import gate_check
         add("diff", *gate_check(diff))
+
+    for name, reason in (skipped or {}).items():
+        add(name, True, f"{name.replace('_', ' ')} skipped: {reason}")
+        checks[-1].verdict = "skipped"
 
     if replaced is not None:
         add("engines_stable", not replaced, "engines replaced during validation: " + "; ".join(replaced)

@@ -21,6 +21,8 @@ from workflows.names import (
 )
 
 RELEASE_RULES: list[dict[str, Any]] = [
+    # rayservices also cover the single-engine reference `<name>-reference` the validate step applies,
+    # lists (by label) and deletes; configmaps its golden-answer cache (targets/kube/reference.py)
     {"apiGroups": ["ray.io"], "resources": ["rayservices"],
      "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
     {"apiGroups": ["ray.io"], "resources": ["rayservices/status"], "verbs": ["get"]},

@@ -199,6 +199,7 @@ def _status_text(st: TargetStatus, history: list) -> str:
         lines.append(f"{slot.slot:9}  {slot.release.short()} [{slot.release.colour}] {slot.state}{where}"
                      + (f"  ({slot.detail[:120]})" if slot.detail else ""))
     lines.append(f"last good  {st.last_good.short() if st.last_good else '-'}")
+    lines += [f"leftover   {what}" for what in st.leftovers]
     if history:
         lines.append("history (newest first):")
         for r in reversed(history[-8:]):

@@ -138,15 +138,20 @@ class RayVerdict(cache.Entry):
     msg: str = ""
 
 
-def _ray_verdict(args: dict[str, Any]) -> RayVerdict:
-    """Ray's own verdict on the P/D args: from the cache when these versions judged these args before.
-    Any other exception Ray raises propagates and is not cached (it may be transient)."""
-    key = cache.digest("ray-pd-serving-args", {d: cache.version(d) for d in _VERDICT_DEPENDS_ON}, args)
+def _ray_verdict(args: dict[str, Any], model: str = "PDServingArgs") -> RayVerdict:
+    """Ray's own verdict on the P/D args (or, `model="LLMServingArgs"`, on build_openai_app's): from the
+    cache when these versions judged these args before. Any other exception Ray raises propagates and
+    is not cached (it may be transient)."""
+    tag = "ray-pd-serving-args" if model == "PDServingArgs" else f"ray-{model}"
+    key = cache.digest(tag, {d: cache.version(d) for d in _VERDICT_DEPENDS_ON}, args)
     if key is not None and (hit := cache.read("ray-verdicts", key, RayVerdict)) is not None:
         return hit
     from pydantic import ValidationError
     try:   # Ray Serve LLM's config models import vLLM (and torch) at import time: ~9-16 s on 2 cores
-        from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
+        if model == "PDServingArgs":
+            from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs as Args
+        else:   # what ray.serve.llm:build_openai_app validates its args with (core/ingress/builder.py)
+            from ray.llm._internal.serve.core.ingress.builder import LLMServingArgs as Args
     except ImportError as exc:
         from workflows.errors import MissingDependency
 
@@ -154,7 +159,7 @@ def _ray_verdict(args: dict[str, Any]) -> RayVerdict:
         raise MissingDependency(missing, "validating the serve config with Ray Serve LLM's own models", exc) from None
 
     try:
-        PDServingArgs.model_validate(copy.deepcopy(args))
+        Args.model_validate(copy.deepcopy(args))
         verdict = RayVerdict(key=key or "", valid=True)
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -181,3 +186,45 @@ def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
         field = "serveConfigV2.applications[0].args." + ".".join(str(p) for p in verdict.loc)
         raise InputError(file, field, f"rejected by Ray Serve LLM's PDServingArgs: {verdict.msg}",
                          "fix the release spec field that produces it (README: Release spec)")
+
+
+# ---- the single-engine reference (golden tokens, `pdops diff`) --------------------------------------
+
+REFERENCE_IMPORT_PATH = "ray.serve.llm:build_openai_app"
+# Decode settings that exist only for P/D: the NIXL connector, the prefill->decode prewarm, the
+# local target's NIXL side-channel ports. One aggregated engine has no KV to receive.
+_PD_ONLY_EXPERIMENTAL = ("_prewarm_prefill_decode", "NIXL_SIDE_CHANNEL_PORT_BASE")
+
+
+def reference_serve_config(serve_config: dict[str, Any], name: str) -> dict[str, Any]:
+    """One aggregated Ray Serve LLM application (`build_openai_app`) serving the P/D application's
+    decode engine as a single engine: its llm_config minus `kv_transfer_config` and the P/D-only
+    experimental settings, one replica. Checked by Ray's own LLMServingArgs; InputError when the
+    P/D application has no decode_config or Ray refuses the result."""
+    args = app_args(serve_config)
+    decode = copy.deepcopy(args.get("decode_config"))
+    if not isinstance(decode, dict) or not isinstance(decode.get("engine_kwargs", {}), dict):
+        raise InputError("serveConfigV2", "applications[0].args.decode_config",
+                         "the P/D application has no decode_config to derive the single-engine reference from",
+                         "render the overlay with `pdops render` (build_pd_openai_app with prefill and decode configs)")
+    decode.get("engine_kwargs", {}).pop("kv_transfer_config", None)
+    experimental = {k: v for k, v in (decode.pop("experimental_configs", None) or {}).items()
+                    if k not in _PD_ONLY_EXPERIMENTAL}
+    if experimental:
+        decode["experimental_configs"] = experimental
+    deployment = {k: v for k, v in (decode.get("deployment_config") or {}).items()
+                  if k not in ("num_replicas", "autoscaling_config")}
+    decode["deployment_config"] = {**deployment, "num_replicas": 1}   # one engine: the reference
+    llm_args: dict[str, Any] = {"llm_configs": [decode]}
+    if isinstance(args.get("ingress_deployment_config"), dict):
+        llm_args["ingress_deployment_config"] = copy.deepcopy(args["ingress_deployment_config"])
+    try:
+        verdict = _ray_verdict(llm_args, "LLMServingArgs")
+    except (ValueError, TypeError, AttributeError, KeyError, OSError) as exc:   # Ray's validators assume shapes
+        verdict = RayVerdict(key="", valid=False, msg=str(exc))
+    if not verdict.valid:
+        raise InputError("serveConfigV2", "reference.args." + ".".join(str(p) for p in verdict.loc),
+                         f"the single-engine reference derived from decode_config is rejected by Ray Serve LLM's "
+                         f"LLMServingArgs: {verdict.msg}", "fix the decode phase of the release spec")
+    return {"applications": [{"name": name, "route_prefix": "/", "import_path": REFERENCE_IMPORT_PATH,
+                              "args": llm_args}]}

@@ -15,7 +15,7 @@ from workflows.errors import InputError
 from workflows.manifest import Rendered, load_manifest, render
 from workflows.serve_config import build_serve_config, validate_with_ray
 from workflows.spec import ReleaseSpec, load_spec
-from workflows.targets.base import Endpoint, Progress, ReleaseRecord, Target, TargetError
+from workflows.targets.base import Endpoint, Progress, ReleaseRecord, Skipped, Target, TargetError
 
 if TYPE_CHECKING:
     from validation.config import LoadProfile
@@ -131,7 +131,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                        api_key: str | None = None, current: Callable[[], Endpoint] | None = None,
                        rendered: Rendered | None = None, reference_url: str | None = None,
                        release_file: Path | None = None,
-                       reference_server: Callable[[], AbstractContextManager[str | None]] | None = None,
+                       reference_server: Callable[[], AbstractContextManager[str | Skipped | None]] | None = None,
                        stable_endpoint: Endpoint | None = None,
                        ) -> Validation:
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
@@ -206,10 +206,18 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     diffed: DiffReport | None = None
     want_diff = spec.validation.diff and release_file is not None
     want_golden = reference is None and spec.validation.golden_prompts > 0
-    server: AbstractContextManager[str | None] = nullcontext(reference_url)
-    if reference_url is None and reference_server is not None and (want_diff or want_golden):
+    server: AbstractContextManager[str | Skipped | None] = nullcontext(reference_url)
+    if spec.validation.reference == "none" and reference_url is None and (want_diff or want_golden):
+        server = nullcontext(Skipped("validation.reference is none"))
+        progress("[validate] validation.reference: none: golden tokens and diff skipped")
+    elif reference_url is None and reference_server is not None and (want_diff or want_golden):
         server = reference_server()   # one reference engine serves both checks
-    with server as ref_url:
+    skipped: dict[str, str] = {}
+    with server as ref:
+        ref_url = ref if isinstance(ref, str) else None
+        if isinstance(ref, Skipped):   # reported as skipped checks with the target's reason (gate.decide)
+            skipped = {name: ref.reason for name, wanted in (("golden_tokens", want_golden), ("diff", want_diff))
+                       if wanted}
         if want_golden and ref_url:
             progress(f"[validate] golden tokens: the reference's answers from {ref_url}")
             reference = golden.collect(ref_url, spec.model.id, golden.prompts(spec.validation.golden_prompts),
@@ -231,7 +239,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                 raise RunFolderError(run / "diff.json", exc) from exc
     replaced = replaced_engines(endpoint, current()) if current else None
     block = spec.validation.balance.block
-    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, balance_block=block)
+    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, balance_block=block,
+                           skipped=skipped)
     look = 1
     # slo.statistics.inconclusive: extend, looks remaining (validation/sequential.py); after the reference
     # engine has stopped, so the extra loads have the machine the first ones had
@@ -245,7 +254,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             _dump(run / f"bench-{i}-{load.profile}.json", benches[i])
         replaced = replaced_engines(endpoint, current()) if current else None
         decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look,
-                               balance_block=block)
+                               balance_block=block, skipped=skipped)
     if rendered is not None and rendered.overlay is not None:
         decision.advice = balance_advice(rendered, benches, run, progress, stable)
     try:
@@ -327,7 +336,7 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
                           ["roll the overlay out first, or validate the revision that is deployed"])
     if reference is _FETCH:
         reference = None
-        if spec.validation.golden_prompts and not spec.validation.diff:
+        if spec.validation.golden_prompts and not spec.validation.diff and spec.validation.reference != "none":
             from validation import golden
 
             reference = target.reference(record, golden.prompts(spec.validation.golden_prompts),
@@ -448,7 +457,7 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
                           action=undo)
 
         reference: Any = _FETCH   # with the diff on, golden answers come from its reference engine
-        if spec.validation.golden_prompts and not spec.validation.diff:
+        if spec.validation.golden_prompts and not spec.validation.diff and spec.validation.reference != "none":
             from validation import golden
 
             reference = target.reference(record, golden.prompts(spec.validation.golden_prompts),

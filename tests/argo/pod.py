@@ -5,7 +5,8 @@ What a pod is here (as root, in a private mount namespace: `unshare -m`):
   fresh and empty, so `/tmp` is the pod's own); an input artifact is placed where Argo's init
   container puts it (workflow/executor/executor.go `loadArtifacts`): inside the volume that covers
   its path, else on a bind mount of its own (the git checkout at /workspace/src);
-- /etc/hosts maps the cluster's `*.svc.cluster.local` names to loopback addresses (cluster DNS);
+- /etc/hosts maps the cluster's `*.svc.cluster.local` names to loopback addresses (cluster DNS), kept
+  up to date while the pod runs;
 - the image is the Dockerfile's ENV and ENTRYPOINT with the pdops code of the image's revision on
   PYTHONPATH (a `git archive` of it outside the pod's view), run by the test venv's Python; `pdops`
   and `kubectl` are on PATH; KUBECONFIG points at the emulated API server and stands in for the
@@ -101,8 +102,22 @@ class PodRunner:
     def _hosts_file(self, d: Path) -> Path:
         lines = "127.0.0.1 localhost\n"
         lines += self.hosts() if callable(self.hosts) else "".join(f"{ip} {n}\n" for n, ip in sorted(self.hosts.items()))
-        (d / "hosts").write_text(lines)
-        return d / "hosts"
+        path = d / "hosts"
+        if not path.exists():
+            path.write_text(lines)
+        elif path.read_text() != lines:   # in place (the pod's bind mount keeps this inode), never empty
+            with open(path, "r+") as f:
+                f.write(lines)
+                f.truncate(len(lines.encode()))
+        return path
+
+    def _refresh_hosts(self, d: Path, proc: subprocess.Popen) -> None:
+        """Cluster DNS answers for Services created while the pod runs (a step that creates a
+        RayService reaches its `<rs>-serve-svc`, e.g. the single-engine reference): glibc reads
+        /etc/hosts on every lookup, so the pod sees the rewritten file."""
+        while proc.poll() is None and callable(self.hosts):
+            time.sleep(0.2)
+            self._hosts_file(d)
 
     def _pod_dir(self, name: str) -> Path:
         with self._lock:
@@ -148,6 +163,7 @@ class PodRunner:
             proc = subprocess.Popen(["unshare", "-m", "sh", "-c", "\n".join(script), "pod", *pod.command],
                                     env=self.env(pod), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            threading.Thread(target=self._refresh_hosts, args=(d, proc), daemon=True).start()
             killed = _watch(proc, pod.deadline_s, kill)
         seconds = time.monotonic() - started
         log_text = log_path.read_text(errors="replace")

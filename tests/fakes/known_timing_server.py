@@ -518,6 +518,8 @@ class KnownTimingServer:
             for i, (toks, finish) in enumerate(plans):
                 text = "".join(toks)
                 c = {"index": i, "finish_reason": finish, "logprobs": self._logprobs(body, chat, toks)}
+                if body.get("return_token_ids"):   # vLLM's extension; golden tokens compare these ids
+                    c["token_ids"] = [WORDS.index(t.strip()) if t.strip() in WORDS else len(WORDS) for t in toks]
                 if chat:
                     c["message"] = {"role": "assistant", "content": text}
                 else:

@@ -17,14 +17,19 @@ ENV = "<each environment namespace>"    # pd-release is bound in every ENV_NAMES
 GRANTS: dict[tuple[str, str, str, str], tuple[set[str], str]] = {
     ("pd-release", ENV, "ray.io", "rayservices"): (
         {"get", "list", "watch", "create", "patch", "update", "delete"},
-        "rollout creates the candidate RayService, promote/rollback switch and delete colours"),
+        "rollout creates the candidate RayService, promote/rollback switch and delete colours; validate creates the "
+        "single-engine reference `<name>-reference`, lists leftovers by label and deletes it (delete with a uid "
+        "precondition: workflows/targets/kube/reference.py)"),
     ("pd-release", ENV, "ray.io", "rayservices/status"): ({"get"}, "wait until the candidate is RUNNING"),
     ("pd-release", ENV, "", "services"): (
         {"get", "list", "patch", "create"}, "the stable Service is created once and re-pointed on promote"),
     ("pd-release", ENV, "", "configmaps"): (
-        {"get", "list", "create", "patch", "update"}, "release history and the record of the stable release"),
+        {"get", "list", "create", "patch", "update"},
+        "release history and the record of the stable release; the golden-token cache `pdops-golden-<release>` "
+        "(get, then server-side apply = patch: workflows/targets/kube/golden_cache.py)"),
     ("pd-release", ENV, "", "events"): ({"list"}, "say why a candidate is not becoming ready"),
-    ("pd-release", ENV, "", "pods"): ({"get", "list"}, "readiness and restarts of the candidate's pods"),
+    ("pd-release", ENV, "", "pods"): ({"get", "list"}, "readiness and restarts of the candidate's (and the "
+                                                        "reference's, by label) pods"),
     ("pd-release", ENV, "", "serviceaccounts"): (
         {"get", "create", "patch"}, "the rendered release includes its ServiceAccount"),
     ("pd-release", ENV, "policy", "poddisruptionbudgets"): (
@@ -36,7 +41,8 @@ GRANTS: dict[tuple[str, str, str, str], tuple[set[str], str]] = {
         "a Lease keeps two releases of one environment apart: written by update with the resourceVersion read "
         "(client-go leader election), deleted with a resourceVersion precondition"),
     ("pd-release", ENV, "discovery.k8s.io", "endpointslices"): (
-        {"list"}, "promote drains: the old colour is deleted once the stable Service's endpoints are the new colour's"),
+        {"list"}, "promote drains: the old colour is deleted once the stable Service's endpoints are the new colour's; "
+                  "the reference is used once KubeRay's `<rs>-serve-svc` has a ready endpoint"),
     ("pd-release-executor", argo.WORKFLOW_NAMESPACE, "argoproj.io", "workflowtaskresults"): (
         {"create", "patch"}, "the Argo executor reports step outputs"),
     # The git-push Sensor submits pd-release, nothing else. Each verb is what upstream code calls with

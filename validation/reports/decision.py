@@ -12,7 +12,7 @@ from pydantic import Field
 
 from validation.reports.base import ReportModel
 
-Judgement = Literal["pass", "fail", "inconclusive"]
+Judgement = Literal["pass", "fail", "inconclusive", "skipped"]   # skipped: no reference engine this time (gate.decide)
 
 
 class Check(ReportModel):

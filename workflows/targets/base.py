@@ -14,7 +14,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -87,6 +87,13 @@ class TargetStatus(BaseModel):
     stable: SlotStatus
     candidate: SlotStatus
     last_good: ReleaseRecord | None = None
+    leftovers: list[str] = []   # objects a run that died left behind (e.g. a reference RayService)
+
+
+class Skipped(NamedTuple):
+    """Why a target has no reference engine this time (no room, never ready, dry run): golden tokens
+    and the diff are then reported as skipped with this reason, never passed silently."""
+    reason: str
 
 
 EXIT_TRANSIENT = 75   # sysexits.h EX_TEMPFAIL: "try again later"; the only exit code Argo retries
@@ -142,10 +149,11 @@ class Target(Protocol):
     def history(self) -> list[ReleaseRecord]:
         """Decided releases, oldest first."""
 
-    def reference_server(self, record: ReleaseRecord, progress: Progress) -> AbstractContextManager[str | None]:
+    def reference_server(self, record: ReleaseRecord,
+                         progress: Progress) -> AbstractContextManager[str | Skipped | None]:
         """A single non-disaggregated engine of the record's model serving while the block runs: its
-        OpenAI base URL, or None where this target cannot run one. Golden tokens and `pdops diff`
-        share it."""
+        OpenAI base URL, Skipped(why) when it cannot run this time, or None where this target cannot
+        run one. Golden tokens and `pdops diff` share it."""
 
     def reference(self, record: ReleaseRecord, prompts: list[str], max_tokens: int,
                   progress: Progress) -> list[dict] | None:

@@ -11,12 +11,20 @@ ray_wrappers.py: `vllm:x` sanitised to `vllm_x`; Ray prefixes `ray_`).
 Which engine saw a request: P/D sends every request through one prefill engine (max_tokens=1,
 kv_producer) and one decode engine (kv_consumer, the prompt's KV arrives by NIXL), so each
 request is recorded by one engine of each phase, chosen round robin among the live ones. A
-replaced pod starts with empty series (new ReplicaId), as a restarted engine does.
+replaced pod starts with empty series (new ReplicaId), as a restarted engine does. An aggregated
+application (`build_openai_app`, the single-engine reference) computes the prompt itself: its
+prompt tokens are `local_compute`, none arrive by KV transfer.
+
+`server`: the OpenAI fake's class (default KnownTimingServer; tests/fakes/diff_fake.py DiffFake
+answers with token ids that are a function of the request, as one model's greedy or seeded answers
+are, so a P/D candidate and the reference agree), `plant`: a DiffFake divergence.
 """
 from __future__ import annotations
 
 import itertools
 import threading
+
+from typing import Any
 
 from tests.fakes.known_timing_server import BUCKETS, KnownTimingServer
 
@@ -24,9 +32,10 @@ PROMPT_TOKENS = 8  # per request, counted as arriving by KV transfer on the deco
 
 
 class EngineApp:
-    def __init__(self, model: str, first_token_delay: float = 0.02, inter_token_delay: float = 0.005, tokens: int = 8) -> None:
-        self.server = KnownTimingServer(first_token_delay=first_token_delay, inter_token_delay=inter_token_delay,
-                                        tokens=tokens, model=model).start()
+    def __init__(self, model: str, first_token_delay: float = 0.02, inter_token_delay: float = 0.005, tokens: int = 8,
+                 server: type[KnownTimingServer] = KnownTimingServer, **extra: Any) -> None:
+        self.server = server(first_token_delay=first_token_delay, inter_token_delay=inter_token_delay,
+                             tokens=tokens, model=model, **extra).start()
         self.assigned: dict[str, list[str]] = {}   # pod name -> request ids its engine recorded
         self._seen: set[str] = set()
         self._rr = itertools.count()
@@ -51,7 +60,7 @@ class EngineApp:
                     if pods:
                         self.assigned.setdefault(pods[n % len(pods)], []).append(rid)
 
-    def metrics(self, pod: str, phase: str | None, pod_ip: str, replica: str, model: str) -> str:
+    def metrics(self, pod: str, phase: str | None, pod_ip: str, replica: str, model: str, aggregated: bool = False) -> str:
         """What Ray's metrics agent on `pod` exports."""
         node = f'NodeAddress="{pod_ip}",SessionName="session_fake",Version="2.60.0"'
         out = ["# TYPE ray_node_cpu_utilization gauge", f"ray_node_cpu_utilization{{{node},instance=\"{pod}\"}} 3.0"]
@@ -66,7 +75,7 @@ class EngineApp:
             if not content:
                 continue
             ttft.append(content[0] - t["received"])
-            if phase == "decode":
+            if phase == "decode" or aggregated:
                 itl += [(b - a) / m for (a, b), m in zip(zip(content, content[1:]), tokens[1:])]
                 if sum(tokens) > 1:
                     tpot.append((content[-1] - content[0]) / (sum(tokens) - 1))
@@ -78,7 +87,7 @@ class EngineApp:
             out += [f'{metric}_bucket{{{engine},le="{le}"}} {sum(v <= le for v in vals)}' for le in BUCKETS]
             out += [f'{metric}_bucket{{{engine},le="+Inf"}} {len(vals)}', f"{metric}_sum{{{engine}}} {sum(vals)}",
                     f"{metric}_count{{{engine}}} {len(vals)}"]
-        source = "external_kv_transfer" if phase == "decode" else "local_compute"
+        source = "external_kv_transfer" if phase == "decode" and not aggregated else "local_compute"
         out += ["# TYPE ray_vllm_prompt_tokens_by_source_total counter",
                 f'ray_vllm_prompt_tokens_by_source_total{{{engine},source="{source}"}} {PROMPT_TOKENS * len(ttft)}',
                 "# TYPE ray_vllm_nixl_num_failed_transfers_total counter",

@@ -23,7 +23,15 @@ What it does, with the upstream code it follows:
 - a changed rayClusterConfig builds a second (pending) RayCluster unless
   spec.upgradeStrategy.type is None (isZeroDowntimeUpgradeEnabled);
 - the RayCluster keeps its replica counts: a deleted worker pod is replaced (new name, new IP).
+- the Serve applications of spec.serveConfigV2 as Ray Serve builds them: application statuses keyed
+  by each application's name, with the deployments its import path creates (`build_pd_openai_app`:
+  PDProxyServer, Prefill:/Decode:<model>; `build_openai_app`, one aggregated engine:
+  LLMServer:<model> and OpenAiIngress; ray/llm/_internal/serve/core/ingress/builder.py
+  build_openai_app and core/server/builder.py build_llm_deployment name them). KubeRay itself
+  never looks inside an application: it submits serveConfigV2 and reports what Serve says.
 Behaviours per RayService name or `pdops.dev/colour` label: ok | fail | stuck | invalid | head_unhealthy.
+`engines[name or colour or pdops.dev/role]`: EngineApp keywords for that RayService's application
+(e.g. `{"server": DiffFake}` for answers that are a function of the request, as one model's are).
 """
 from __future__ import annotations
 
@@ -54,6 +62,8 @@ class _Cluster:
     tick: int = 0
     app: EngineApp | None = None
     model: str = "pdops-tiny"
+    apps: dict[str, list[str]] = field(default_factory=dict)   # Serve application -> its deployments
+    aggregated: bool = False                                    # build_openai_app: one engine, no KV transfer
 
 
 @dataclass
@@ -68,6 +78,7 @@ class FakeKubeRay:
     pod_ips: dict[tuple[str, str], str] = field(default_factory=dict)
     error: BaseException | None = None
     engine: dict[str, Any] = field(default_factory=dict)  # EngineApp keywords, e.g. longer streams
+    engines: dict[str, dict[str, Any]] = field(default_factory=dict)  # per RayService name / colour / role
 
     def __post_init__(self) -> None:
         self.store.listeners.append(self._changed)
@@ -140,7 +151,9 @@ class FakeKubeRay:
 
     def _new_cluster(self, rs: dict, config_hash: str) -> _Cluster:
         ns, name = rs["metadata"]["namespace"], rs["metadata"]["name"]
-        cluster = _Cluster(f"{name}-{uuid.uuid4().hex[:5]}", config_hash, model=_model(rs))
+        apps = _applications(rs)
+        cluster = _Cluster(f"{name}-{uuid.uuid4().hex[:5]}", config_hash, model=_model(rs), apps=apps,
+                           aggregated=bool(apps) and all(not d[0].startswith("PDProxy") for d in apps.values()))
         self.store.create(RC, ns, {"metadata": {"name": cluster.name, "labels": {
             "ray.io/originated-from-cr-name": name, "ray.io/originated-from-crd": "RayService"},
             "ownerReferences": [_owner(rs)]}, "spec": rs["spec"]["rayClusterConfig"]}, MANAGER)
@@ -175,18 +188,21 @@ class FakeKubeRay:
                 pods[name] = self._bind(ns, pod, mode == "stuck" and pod["metadata"]["labels"]["ray.io/node-type"] == "worker")
         running = running and all((p.get("status") or {}).get("podIP") for p in pods.values())  # Serve starts once every pod runs
         if running and cluster.app is None:
-            cluster.app = EngineApp(cluster.model, **self.engine)
+            labels = rs["metadata"].get("labels") or {}
+            mine = next((self.engines[k] for k in (rs["metadata"]["name"], labels.get("pdops.dev/colour"),
+                                                   labels.get("pdops.dev/role")) if k in self.engines), {})
+            cluster.app = EngineApp(cluster.model, **{**self.engine, **mine})
         for pod in pods.values():
             await self._pod_state(ns, cluster, pod, running, mode)
         if cluster.tick >= 2 and not running and mode != "fail" or 2 <= cluster.tick < self.ticks_to_ready:
-            self._status(rs, {"pendingServiceStatus": _service(cluster.name, "DEPLOYING")})  # Serve app submitted
+            self._status(rs, {"pendingServiceStatus": _service(cluster, "DEPLOYING")})  # Serve app submitted
         if mode == "fail" and cluster.tick == self.ticks_to_ready:
-            self._status(rs, {"pendingServiceStatus": _service(cluster.name, "DEPLOY_FAILED",
+            self._status(rs, {"pendingServiceStatus": _service(cluster, "DEPLOY_FAILED",
                                                                "engine failed: CUDA out of memory")})
         if running:
             endpoints = len(self.network.endpoints(ns, f"{rs['metadata']['name']}-serve-svc"))
             ready = endpoints > 0
-            self._status(rs, {"activeServiceStatus": _service(cluster.name, "RUNNING"), "pendingServiceStatus": {},
+            self._status(rs, {"activeServiceStatus": _service(cluster, "RUNNING"), "pendingServiceStatus": {},
                               "numServeEndpoints": endpoints, "observedGeneration": rs["metadata"].get("generation"),
                               "conditions": _conditions(str(ready), "NonZeroServeEndpoints" if ready else "ZeroServeEndpoints",
                                                         "", upgrade=("False", "NoPendingCluster"))})
@@ -248,7 +264,7 @@ class FakeKubeRay:
             if p.get("status", {}).get("podIP") and not p["metadata"].get("deletionTimestamp"):
                 phases.setdefault(p["metadata"]["labels"].get("pdops.dev/phase", "engine"), []).append(p["metadata"]["name"])
         cluster.app.assign(phases)
-        return cluster.app.metrics(pod, phase, ip, f"{phase}-{pod[-5:]}", cluster.model)
+        return cluster.app.metrics(pod, phase, ip, f"{phase}-{pod[-5:]}", cluster.model, cluster.aggregated)
 
     def _stop(self, uid: str) -> None:
         cluster = self.clusters.pop(uid, None)
@@ -298,19 +314,40 @@ def _owner(obj: dict) -> dict:
             "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
 
 
+def _serve_apps(rs: dict) -> list[dict]:
+    try:
+        apps = yaml.safe_load(rs["spec"].get("serveConfigV2") or "")["applications"]
+        return [a for a in apps if isinstance(a, dict)]
+    except (TypeError, KeyError, ValueError):
+        return []
+
+
 def _model(rs: dict) -> str:
     try:
-        app = yaml.safe_load(rs["spec"].get("serveConfigV2") or "")["applications"][0]["args"]
-        config = app.get("prefill_config") or app.get("llm_config") or app
+        args = _serve_apps(rs)[0]["args"]
+        config = args.get("prefill_config") or (args.get("llm_configs") or [None])[0] or args
         return config["model_loading_config"]["model_id"]
     except (TypeError, KeyError, IndexError, ValueError):
         return "pdops-tiny"
 
 
-def _service(cluster: str, app_status: str, message: str = "") -> dict:
-    return {"rayClusterName": cluster, "applicationStatuses": {"pd-llm": {
-        "status": app_status, "message": message,
-        "serveDeploymentStatuses": {"PDProxyServer": {"status": "HEALTHY" if app_status == "RUNNING" else "UPDATING"}}}}}
+def _applications(rs: dict) -> dict[str, list[str]]:
+    """Application name -> the deployments Ray Serve LLM builds for its import path."""
+    model, out = _model(rs), {}
+    for app in _serve_apps(rs):
+        if str(app.get("import_path", "")).endswith(":build_openai_app"):
+            out[app.get("name", "default")] = [f"LLMServer:{model}", "OpenAiIngress"]
+        else:
+            out[app.get("name", "default")] = ["PDProxyServer", f"Prefill:{model}", f"Decode:{model}"]
+    return out or {"pd-llm": ["PDProxyServer"]}
+
+
+def _service(cluster: _Cluster, app_status: str, message: str = "") -> dict:
+    deployment = "HEALTHY" if app_status == "RUNNING" else "UPDATING"
+    return {"rayClusterName": cluster.name, "applicationStatuses": {
+        name: {"status": app_status, "message": message,
+               "serveDeploymentStatuses": {d: {"status": deployment} for d in deployments}}
+        for name, deployments in (cluster.apps or {"pd-llm": ["PDProxyServer"]}).items()}}
 
 
 def _conditions(ready: str, reason: str, message: str, upgrade: tuple[str, str] = ("False", "Initializing")) -> list[dict]:

@@ -140,11 +140,13 @@ class Kube:
                             query={"fieldManager": FIELD_MANAGER},
                             what=f"update {obj['kind']}/{obj['metadata']['name']}")
 
-    def delete(self, kind: str, name: str, resource_version: str | None = None) -> bool:
-        """False when already gone; with `resource_version`, 409 Conflict unless it is unchanged."""
+    def delete(self, kind: str, name: str, resource_version: str | None = None, uid: str | None = None) -> bool:
+        """False when already gone; with `resource_version` (or `uid`), 409 Conflict unless it is unchanged
+        (or the same object, not another of that name)."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
-        if resource_version:
-            body["preconditions"] = {"resourceVersion": resource_version}
+        preconditions = {k: v for k, v in (("resourceVersion", resource_version), ("uid", uid)) if v}
+        if preconditions:
+            body["preconditions"] = preconditions
         try:
             self.request("DELETE", kind, name, body=body, what=f"delete {kind}/{name}")
             return True

@@ -16,16 +16,17 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Literal
 
 from kubernetes import client, config
 
 from validation.server_metrics import RAY_METRICS_LAG_S
+from workflows.names import ROLE_LABEL
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
-from workflows.targets.kube import objects as obj, traffic
+from workflows.targets.kube import golden_cache, objects as obj, reference as ref, traffic
 from workflows.targets.kube.api import Kube
-from workflows.targets.kube.capacity import place, rayservice_pods
+from workflows.targets.kube.capacity import PodNeed, place, rayservice_pods
 from workflows.targets.kube.history import HistoryStore, State
 from workflows.targets.kube.lease import LEASE_S, ReleaseLock
 from workflows.targets.kube.readiness import event_lines, pod_problems, rayservice_state
@@ -36,7 +37,7 @@ RECENT_EVENTS = 10
 DRAIN_GRACE_S = 30.0   # kube-proxy on every node follows an EndpointSlice change within seconds; streams finish
 
 
-class KubernetesTarget(Slots):
+class KubernetesTarget(Slots, ref.References):
     """Blue/green RayServices in one namespace, driven with the official `kubernetes` client."""
 
     kind = "kubernetes"
@@ -44,13 +45,17 @@ class KubernetesTarget(Slots):
     def __init__(self, namespace: str, *, kubeconfig: str | None = None, context: str | None = None,
                  dry_run: bool = False, api_client: client.ApiClient | None = None, poll_s: float = 5.0,
                  restore_timeout_s: float = 3600.0, capacity_check: bool = True, lease_s: float = LEASE_S,
-                 drain_grace_s: float = DRAIN_GRACE_S, metrics_lag_s: float = RAY_METRICS_LAG_S) -> None:
+                 drain_grace_s: float = DRAIN_GRACE_S, metrics_lag_s: float = RAY_METRICS_LAG_S,
+                 reference_timeout_s: float = ref.REFERENCE_TIMEOUT_S) -> None:
         """`api_client` replaces kubeconfig loading (tests point it at an emulator). `restore_timeout_s`
         bounds the waits rollback itself does and the drain on promote. `capacity_check=False` is for
-        node groups that an autoscaler grows on demand."""
+        node groups that an autoscaler grows on demand. `reference_timeout_s` bounds the wait for the
+        single-engine reference RayService (reference.py)."""
         self.namespace, self.dry_run, self.poll_s = namespace, dry_run, poll_s
         self.restore_timeout_s, self.capacity_check, self.lease_s = restore_timeout_s, capacity_check, lease_s
         self.drain_grace_s, self.metrics_lag_s = drain_grace_s, metrics_lag_s
+        self.reference_timeout_s = reference_timeout_s
+        self._reference_skips: dict[str, str] = {}   # digest -> why the reference could not run (asked once)
         self.api = api_client or _load_client(kubeconfig, context)
         self.kube = Kube(self.api, namespace, dry_run)
         self.store = HistoryStore(self.kube)
@@ -79,16 +84,29 @@ class KubernetesTarget(Slots):
 
     def reference(self, record: ReleaseRecord, prompts: list[str], max_tokens: int,
                   progress: Progress) -> list[dict] | None:
-        """None: a single-engine reference of a 70B model would be a third GPU deployment; the golden
-        token check runs where the local target can run the engine."""
-        progress("[validate] golden tokens: no single-engine reference on the kubernetes target; skipped")
-        return None
+        """Golden answers of the reference RayService (reference.py), cached in the ConfigMap
+        `pdops-golden-<release>` by engine, prompts and max_tokens (golden_cache.py): a re-release of
+        the same model does not start it. None when it could not run (the reason is progress-printed
+        and remembered: validation then reports golden tokens skipped with it)."""
+        from validation import golden
 
-    def reference_server(self, record: ReleaseRecord, progress: Progress) -> AbstractContextManager[str | None]:
-        """None (golden tokens and `pdops diff` are skipped): no single-engine reference runs on the
-        cluster yet; README "Kubernetes target" has the design (a short-lived reference RayService)."""
-        progress("[validate] no single-engine reference on the kubernetes target: golden tokens and diff skipped")
-        return nullcontext(None)
+        key = golden_cache.key(ref.engine_identity(ref.rayservice(record, self.namespace)), prompts, max_tokens)
+        cached = golden_cache.read(self.kube, record.name, key)
+        if cached is not None:
+            progress(f"[golden] reference answers cached in ConfigMap {golden_cache.name(record.name)} "
+                     f"({key[:12]}): no reference RayService needed")
+            return cached
+        with self.reference_server(record, progress) as url:
+            if not isinstance(url, str):
+                return None
+            answers = golden.collect(url, record.model, prompts, max_tokens)
+        if any(a.get("error") for a in answers):   # a failed request is kept for the gate, never cached
+            progress("[golden] a reference request failed: answers not cached")
+            return answers
+        if not self.dry_run:
+            self._check_lock()
+            progress(f"[golden] reference answers {golden_cache.save(self.kube, record.name, key, answers)}")
+        return answers
 
     def status(self) -> TargetStatus:
         state = self._state()
@@ -99,8 +117,11 @@ class KubernetesTarget(Slots):
                 stable.state = "failed"
                 stable.detail += (f"; but Service {obj.service_name(state.stable)} selects {selected or 'nothing'}"
                                   " — `pdops rollback` points it at the stable slot")
+        leftovers = [f"RayService {rs['metadata']['name']} (single-engine reference of a run that did not finish; "
+                     "the next release or `pdops rollback` deletes it)"
+                     for rs in self.kube.list("RayService", {ROLE_LABEL: ref.ROLE})]
         return TargetStatus(target=self.kind, stable=stable, candidate=self._slot_status("candidate", state.candidate),
-                            last_good=last_good(state.history))
+                            last_good=last_good(state.history), leftovers=leftovers)
 
     def wait_ready(self, timeout_s: float, progress: Progress) -> Endpoint:
         candidate = self._candidate(self._state())
@@ -186,7 +207,7 @@ class KubernetesTarget(Slots):
         return out or [f"no failing pods or events found for {name}; "
                        f"`kubectl -n {self.namespace} describe rayservice {name}`"]
 
-    def _wait_gone(self, name: str, progress: Progress) -> None:
+    def _wait_gone(self, name: str, progress: Progress, step: str = "rollout") -> None:
         """KubeRay's finalizer keeps a deleted RayService until its RayClusters are gone; applying
         over it in that time would be lost with it."""
         start, said = time.monotonic(), False
@@ -194,7 +215,7 @@ class KubernetesTarget(Slots):
             if not rs["metadata"].get("deletionTimestamp"):
                 return
             if not said:
-                progress(f"[rollout] waiting for RayService {name} to finish terminating (finalizers: "
+                progress(f"[{step}] waiting for RayService {name} to finish terminating (finalizers: "
                          f"{', '.join(rs['metadata'].get('finalizers') or []) or 'none'})")
                 said = True
             if time.monotonic() - start >= self.restore_timeout_s:
@@ -202,29 +223,35 @@ class KubernetesTarget(Slots):
                                   [f"`kubectl -n {self.namespace} get rayservice {name} -o yaml` shows its finalizers"])
             time.sleep(self.poll_s)
         if said:
-            progress(f"[rollout] {name} is gone ({time.monotonic() - start:.1f}s)")
+            progress(f"[{step}] {name} is gone ({time.monotonic() - start:.1f}s)")
 
     # ---- capacity ----
 
-    def _check_capacity(self, candidate: ReleaseRecord, progress: Progress) -> None:
-        """Every pod of the candidate must fit on some node next to what is already there (capacity.py):
-        KubeRay leaves a RayCluster that does not fit Pending, and the rollout hangs until the timeout."""
+    def _room(self, rayservice: dict, progress: Progress, step: str = "capacity") -> list[str]:
+        """What of the RayService's pods fits on no node beside what is bound there (capacity.py);
+        [] when all fit or the check is disabled or forbidden (each said in a progress line)."""
         if not self.capacity_check:
-            progress("[capacity] check disabled (capacity_check=False)")
-            return
-        wanted = rayservice_pods(obj.only(candidate, "RayService"))
+            progress(f"[{step}] check disabled (capacity_check=False)")
+            return []
+        wanted: list[PodNeed] = rayservice_pods(rayservice)
         try:
             nodes, pods = self.kube.list("Node"), self.kube.list("Pod", all_namespaces=True)
         except TargetError as exc:
             if getattr(exc, "status", None) != 403:
                 raise
-            progress("[capacity] skipped: listing nodes and pods cluster-wide is forbidden (the pd-release Role is "
-                     "namespaced). Bind the ClusterRole `pdops-node-reader` (README, Install on EKS) to enable "
-                     "the check")
-            return
+            progress(f"[{step}] capacity check skipped: listing nodes and pods cluster-wide is forbidden (the "
+                     "pd-release Role is namespaced). Bind the ClusterRole `pdops-node-reader` (README, Install on "
+                     "EKS) to enable the check")
+            return []
         placed, short = place(wanted, nodes, pods)
         for line in placed:
-            progress(f"[capacity] {line}")
+            progress(f"[{step}] {line}")
+        return short
+
+    def _check_capacity(self, candidate: ReleaseRecord, progress: Progress) -> None:
+        """Every pod of the candidate must fit on some node next to what is already there (capacity.py):
+        KubeRay leaves a RayCluster that does not fit Pending, and the rollout hangs until the timeout."""
+        short = self._room(obj.only(candidate, "RayService"), progress)
         if short:
             raise TargetError(f"the candidate {obj.rs_name(candidate)} does not fit on the cluster's nodes", short + [
                 "blue/green runs a new RayCluster beside the stable one until promotion, so its pods need room next to "

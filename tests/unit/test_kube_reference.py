@@ -1,0 +1,214 @@
+"""The single-engine reference on the Kubernetes target (workflows/targets/kube/reference.py), on the
+test cluster (tests/fakes/kube).
+
+Emulated in every test: the API server (server-side apply, finalizers, uid delete preconditions,
+label selectors), a fake KubeRay v1.7 (RayCluster, pods, `<rs>-serve-svc`, status; it keeps
+deleted RayServices terminating until its finalizer goes, terminate_ticks) whose Serve
+applications are OpenAI fakes on 127/8, a scheduler and the EndpointSlice controller. The engines
+are tests/fakes/diff_fake.py DiffFakes: token ids a function of the request, as one model's greedy
+or seeded answers are, so a correct P/D candidate and the reference agree and a planted bug shows.
+Cluster DNS (`*.svc.cluster.local`) is emulated by resolving to the Service's clusterIP. What only
+a real cluster shows: real Ray Serve LLM start-up of build_openai_app, model load times, GPUs.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, SCHEMAS
+from tests.fakes.diff_fake import DiffFake, Plant
+from tests.kube_support import LOCAL_NS, Lines, cluster, eventually, live, manifests  # noqa: F401
+from tests.kube_support import record as _record
+from tests.kube_support import target as _target
+from workflows import steps
+from workflows.checks.schema import validate_objects
+from workflows.manifest import render
+from workflows.spec import load_spec
+
+REF = "pd-llm-reference"
+
+
+@pytest.fixture
+def dns(cluster, monkeypatch):
+    """`<svc>.<ns>.svc.cluster.local` resolves to the Service's clusterIP, as cluster DNS does."""
+    real = socket.getaddrinfo
+
+    def resolve(host, port, *args, **kwargs):
+        if isinstance(host, str) and host.endswith(".svc.cluster.local"):
+            name, ns = host.split(".")[:2]
+            svc = cluster.objects("services", ns).get(name)
+            host = svc["spec"]["clusterIP"] if svc else host
+        return real(host, port, *args, **kwargs)
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    cluster.kuberay.engine = {"server": DiffFake}
+    return cluster
+
+
+@pytest.fixture
+def overlay(tmp_path):
+    """overlays/local with the diff on and one small load (the checks under test are golden and diff)."""
+    shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
+    shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")
+    path = tmp_path / "overlays" / "local"
+    spec = yaml.safe_load((path / "release.yaml").read_text())
+    spec["slo"]["kv_transfer"] = "ignored"
+    spec["validation"].update(diff=True, scenarios=[], known_divergences=None,  # both tuned to the real stack
+                              load=[{"profile": "balanced", "concurrency": 1, "requests": 2, "warmup_requests": 0}])
+    (path / "release.yaml").write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _candidate(cluster, manifests):
+    target, rec = _target(cluster, reference_timeout_s=30), _record(manifests)
+    target.apply(rec, Lines())
+    target.wait_ready(30, Lines())
+    return target, rec
+
+
+def _validate(target, rec, overlay, tmp_path, progress):
+    run = tmp_path / "run"
+    run.mkdir()
+    out = steps.validate_slot(target, load_spec(overlay), run, progress, digest=rec.digest,
+                              rendered=render(overlay, validate_serve_config=False))
+    return {c.check: c for c in out.decision.checks}, run
+
+
+def _reference_writes(cluster) -> list:
+    return [r for r in cluster.writes() if REF in r.path and "rayservices" in r.path]
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_validate_creates_the_reference_compares_golden_tokens_and_the_diff_then_deletes_it(
+        dns, manifests, overlay, tmp_path, planted):
+    """Planted: the candidate's (blue) engine answers the second prompt of a completions batch with
+    other tokens, as Ray's P/D orchestrator does (README finding 1); the reference does not."""
+    if planted:
+        dns.kuberay.engines["blue"] = {"server": DiffFake, "plant": Plant(wrong_tokens_on_prompt=1)}
+    target, rec = _candidate(dns, manifests)
+    progress = Lines()
+    checks, run = _validate(target, rec, overlay, tmp_path, progress)
+
+    body = _reference_writes(dns)[0].body
+    applied = body if isinstance(body, dict) else yaml.safe_load(body)
+    assert applied["metadata"]["labels"]["pdops.dev/role"] == "reference"
+    cluster_config = applied["spec"]["rayClusterConfig"]
+    assert [(g["groupName"], g["replicas"], g["minReplicas"], g["maxReplicas"]) for g in cluster_config["workerGroupSpecs"]] \
+        == [("decode", 1, 1, 1)]
+    rendered_rs = next(o for o in manifests["local"].objects if o["kind"] == "RayService")
+    head = cluster_config["headGroupSpec"]
+    assert head["template"]["spec"] == rendered_rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    app = yaml.safe_load(applied["spec"]["serveConfigV2"])["applications"]
+    assert [a["import_path"] for a in app] == ["ray.serve.llm:build_openai_app"]
+    llm = app[0]["args"]["llm_configs"]
+    assert len(llm) == 1 and "kv_transfer_config" not in llm[0]["engine_kwargs"]
+    assert llm[0]["deployment_config"]["num_replicas"] == 1
+    assert [f for f in validate_objects([applied], Path(SCHEMAS), "emulator") if f.severity == "error"] == []
+
+    golden = json.loads((run / "golden.json").read_text())
+    assert golden["prompts"] == 4 and golden["ok"], golden   # golden prompts are single completions: spared
+    assert checks["golden_tokens"].ok
+    diff = json.loads((run / "diff.json").read_text())
+    assert diff["summary"]["reference_url"] == f"http://{REF}-serve-svc.{LOCAL_NS}.svc.cluster.local:8000/v1"
+    if planted:
+        assert not checks["diff"].ok and "cmpl_batch_prompts" in checks["diff"].message
+    else:
+        assert checks["diff"].ok, checks["diff"].message
+        assert diff["summary"]["differs"] == 0 and diff["summary"]["same"] > 100
+    assert any(line.startswith(f"[reference] {REF}: RUNNING") for line in progress)
+    assert f"[reference] deleted RayService/{REF}" in progress
+    assert REF not in dns.objects("rayservices")              # gone, not just terminating
+    assert not [p for p in dns.objects("pods").values() if p["metadata"]["labels"].get("pdops.dev/role")]
+
+
+def test_no_room_for_a_decode_pod_skips_both_checks_with_the_reason_and_applies_nothing(dns, manifests, overlay, tmp_path):
+    """Emulated: another tenant's pod bound to the only node takes the CPU the reference would need
+    (the candidate and stable hold theirs meanwhile)."""
+    target, rec = _candidate(dns, manifests)
+    from kubernetes import client
+    from kubernetes.utils import parse_quantity
+    free = 32 - sum(parse_quantity(c["resources"]["requests"]["cpu"]) for p in dns.objects("pods").values()
+                    for c in p["spec"]["containers"] if (c.get("resources") or {}).get("requests", {}).get("cpu"))
+    client.CoreV1Api(dns.client()).create_namespaced_pod("default", {
+        "metadata": {"name": "other-tenant"}, "spec": {"nodeName": "cpu-1", "containers": [
+            {"name": "x", "image": "x", "resources": {"requests": {"cpu": str(free)}}}]}})
+    progress = Lines()
+    checks, run = _validate(target, rec, overlay, tmp_path, progress)
+    for name in ("golden_tokens", "diff"):
+        assert checks[name].ok and checks[name].verdict == "skipped"
+        assert "skipped: no room for one decode pod: decode pod 1/1 (cpu=" in checks[name].message
+        assert "fits on no node — cpu-1: cpu=0" in checks[name].message
+    assert "| golden_tokens |  | ✔ | skipped | golden tokens skipped: no room for one decode pod" in (run / "summary.md").read_text()
+    assert any(line.startswith("[reference] skipped: no room for one decode pod") for line in progress)
+    assert _reference_writes(dns) == [] and not (run / "diff.json").exists()
+
+
+@pytest.mark.parametrize("behaviour, why", [("stuck", "not ready after 1s: DEPLOYING; pod pd-llm-reference-"),
+                                             ("fail", "failed: DEPLOY_FAILED: pd-llm-reference (pending): engine failed")])
+def test_a_reference_that_never_becomes_ready_is_skipped_with_why_and_deleted(dns, manifests, behaviour, why):
+    """Emulated: KubeRay cannot schedule the reference's decode pod (stuck), or Serve's deploy fails."""
+    target, rec = _candidate(dns, manifests)
+    target.reference_timeout_s = 1
+    dns.kuberay.behaviour[REF] = behaviour
+    progress = Lines()
+    with target.reference_server(rec, progress) as got:
+        assert not isinstance(got, str) and why in got.reason, got
+        assert REF in live(dns, "rayservices")
+    assert REF not in dns.objects("rayservices")
+    with target.reference_server(rec, progress) as again:   # the same release does not wait twice
+        assert again.reason == got.reason
+    assert len([r for r in _reference_writes(dns) if r.method == "PATCH"]) == 1
+
+
+def test_a_reference_left_by_a_killed_run_is_reported_and_removed_by_the_next_run(dns, manifests):
+    """Emulated: the validate step's process dies inside the reference block (no finally runs)."""
+    target, rec = _candidate(dns, manifests)
+    killed = target.reference_server(rec, Lines())
+    assert isinstance(killed.__enter__(), str)              # never exited: the run was killed here
+    old_uid = dns.objects("rayservices")[REF]["metadata"]["uid"]
+    leftovers = _target(dns).status().leftovers
+    assert len(leftovers) == 1 and leftovers[0].startswith(f"RayService {REF} (single-engine reference")
+
+    progress = Lines()
+    with _target(dns, reference_timeout_s=30).reference_server(rec, progress) as url:
+        assert isinstance(url, str)
+        assert dns.objects("rayservices")[REF]["metadata"]["uid"] != old_uid
+    assert progress[0].startswith(f"[reference] removing leftover reference RayService {REF} (revision aaaaaaaaaaaa")
+    assert REF not in dns.objects("rayservices")
+    del killed
+
+
+def test_rollback_and_an_interrupt_leave_no_reference_behind(dns, manifests):
+    """Emulated: Ctrl-C inside the reference block; then a killed run's leftover and `pdops rollback`."""
+    target, rec = _candidate(dns, manifests)
+    with pytest.raises(KeyboardInterrupt), target.reference_server(rec, Lines()):
+        raise KeyboardInterrupt
+    assert REF not in dns.objects("rayservices")
+    killed = target.reference_server(rec, Lines())
+    killed.__enter__()
+    done = _target(dns).rollback(["validate killed"], None, Lines())
+    assert f"removed leftover reference {REF}" in done
+    assert REF not in dns.objects("rayservices") and _target(dns).status().leftovers == []
+    del killed
+
+
+def test_golden_answers_are_cached_so_a_re_release_does_not_start_the_reference(dns, manifests):
+    target, rec = _candidate(dns, manifests)
+    prompts = ["Prompt 0: prefill decode", "Prompt 1: cache tensor stream"]
+    first = target.reference(rec, prompts, 8, Lines())
+    assert [len(a["token_ids"]) for a in first] == [8, 8]
+    assert len([r for r in _reference_writes(dns) if r.method == "PATCH"]) == 1
+    cm = dns.objects("configmaps", LOCAL_NS)["pdops-golden-pd-llm"]
+    assert cm["metadata"]["labels"]["pdops.dev/golden-of"] == "pd-llm" and len(cm["data"]) == 1
+
+    progress = Lines()
+    assert _target(dns).reference(rec, prompts, 8, progress) == first      # a fresh run: from the ConfigMap
+    assert len([r for r in _reference_writes(dns) if r.method == "PATCH"]) == 1
+    assert progress[0].startswith("[golden] reference answers cached in ConfigMap pdops-golden-pd-llm")
+    assert _target(dns).reference(rec, prompts[:1], 8, Lines()) == first[:1]   # other prompts: started again
+    assert len([r for r in _reference_writes(dns) if r.method == "PATCH"]) == 2
+    eventually(lambda: REF not in dns.objects("rayservices"))
