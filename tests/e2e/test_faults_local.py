@@ -127,10 +127,13 @@ def test_candidate_answering_5xx_and_hanging_mid_stream_rolls_back(stack, stable
         monkeypatch.setenv(name, stack[name])
     overlay = changed_overlay(tmp_path, 80, validation__request_timeout_s=10)
     target = LocalTarget()
-    ready = target.wait_ready
+    real_endpoint = target.endpoint
     with FaultProxy(CANDIDATE, fail_every=4, hang_every=3, hang_after_events=3) as proxy, LiveTraffic() as users:
-        monkeypatch.setattr(target, "wait_ready",
-                            lambda *a: ready(*a).model_copy(update={"base_url": proxy.base_url}))
+        # validation reads the candidate's URL from target.endpoint("candidate") (steps.validate_slot,
+        # the stage the Argo validate step runs too), so that is where the proxy is put in between
+        monkeypatch.setattr(target, "endpoint", lambda slot, *a, **k: (
+            real_endpoint(slot, *a, **k).model_copy(update={"base_url": proxy.base_url}) if slot == "candidate"
+            else real_endpoint(slot, *a, **k)))
         started = time.monotonic()
         out = steps.release(overlay, target, steps.new_run_dir(tmp_path / "runs", "local"), print,
                             revision="fault-proxy")
