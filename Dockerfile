@@ -7,9 +7,9 @@
 # `pdops build-config`/`check` fail), ray and this project; not NIXL (no engine runs in a step).
 # tests/unit/test_step_image.py pins that this file installs nothing any other way.
 #
-# Build (the pinned CRD/JSON schemas are upstream data kept outside this repository; pass them as a
-# named build context so `pdops check` validates offline against the same pins as CI):
-#   docker build --build-context schemas=../shared/schemas -t ghcr.io/pdops/pdops-step:0.1.0 .
+# Build (the pinned CRD/JSON schemas are package data of this repository, workflows/data/schemas, so
+# the installed wheel carries them and `pdops check` validates offline against the same pins as CI):
+#   docker build -t ghcr.io/pdops/pdops-step:0.1.0 .
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -17,7 +17,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/tmp \
-    PDOPS_SCHEMA_DIR=/opt/pdops/schemas \
     PDOPS_VENV=/opt/pdops/venv \
     PDOPS_SETUP_LAYERS="vllm ray project" \
     PDOPS_SETUP_PROJECT=steps \
@@ -32,8 +31,6 @@ COPY scripts ./scripts
 COPY workflows ./workflows
 COPY validation ./validation
 RUN bash scripts/setup.sh && rm -rf /build
-
-COPY --from=schemas . /opt/pdops/schemas
 
 RUN groupadd --gid 10001 pdops \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin pdops

@@ -9,7 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = sorted(p.name for p in (ROOT / "overlays").iterdir() if (p / "kustomization.yaml").exists())
-SCHEMAS = Path(os.environ.get("PDOPS_SCHEMA_DIR", ROOT.parent / "shared" / "schemas"))
+# The pinned schemas kept in the repository (workflows/checks/schema.py PINNED_SCHEMAS), or the override.
+SCHEMAS = Path(os.environ.get("PDOPS_SCHEMA_DIR") or ROOT / "workflows" / "data" / "schemas")
 
 
 @pytest.fixture(scope="session", autouse=True)

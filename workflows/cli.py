@@ -24,7 +24,7 @@ The flow of a release, one command per stage:
 
 Exit codes: 0 ok / promoted, 1 findings / rolled back / target failure, 2 bad input or usage,
             75 the target could not be reached or answered 5xx (transient: the Argo steps retry it).
-Settings: PDOPS_SCHEMA_DIR (pinned CRD/JSON schemas; default ../shared/schemas).
+Settings: PDOPS_SCHEMA_DIR (other copies of the CRD/JSON schemas; default: the pinned ones in workflows/data/schemas).
 """
 
 
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def schema_flag(p: argparse.ArgumentParser) -> None:
         p.add_argument("--schema-dir",
-                       help="folder of pinned schemas (default: $PDOPS_SCHEMA_DIR or ../shared/schemas)")
+                       help="folder of CRD/JSON schemas (default: $PDOPS_SCHEMA_DIR, else the pinned workflows/data/schemas)")
 
     p = sub.add_parser("render", help="overlay -> deployable multi-document YAML (checked first)")
     p.add_argument("overlay", help="overlay directory, e.g. overlays/local")

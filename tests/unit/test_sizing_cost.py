@@ -49,7 +49,7 @@ def test_architecture_from_a_local_model_directory(tmp_path):
 
 
 def test_size_command_json(capsys, monkeypatch):
-    monkeypatch.setenv("PDOPS_SCHEMA_DIR", "/work/shared/schemas")
+    monkeypatch.delenv("PDOPS_SCHEMA_DIR", raising=False)   # the pinned schemas in the repository
     assert main(["size", "overlays/dev", "--json"]) == 0
     t = json.loads(capsys.readouterr().out)
     assert [p["node"] for p in t["phases"]] == ["g6e.12xlarge"] * 2
@@ -96,7 +96,7 @@ def test_spec_price_override_and_missing_price(rendered, fake_bench):
 
 
 def test_cost_command_prints_the_table(capsys, tmp_path, fake_bench, monkeypatch):
-    monkeypatch.setenv("PDOPS_SCHEMA_DIR", "/work/shared/schemas")
+    monkeypatch.delenv("PDOPS_SCHEMA_DIR", raising=False)   # the pinned schemas in the repository
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(fake_bench))
     assert main(["cost", "overlays/prod", "--bench", str(path)]) == 0
@@ -119,7 +119,7 @@ def test_vs_stable_gates_on_cost(rendered, fake_bench):
 
 def test_gate_prices_runs_on_the_release_overlay_and_reports_cost(tmp_path, fake_bench, monkeypatch):
     """`pdops gate` (the Kubernetes pipeline's step) prices `pdops bench` runs on the overlay's nodes."""
-    monkeypatch.setenv("PDOPS_SCHEMA_DIR", "/work/shared/schemas")
+    monkeypatch.delenv("PDOPS_SCHEMA_DIR", raising=False)   # the pinned schemas in the repository
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(fake_bench))
     main(["gate", "--bench", str(path), "--release", "overlays/staging/release.yaml", "--out", str(tmp_path / "r")])
@@ -140,7 +140,7 @@ def test_a_release_prices_each_run_on_its_nodes(tmp_path, monkeypatch):
     from tests.conftest import ROOT
     from tests.unit.test_release_flow import RecordingTarget, endpoint, run
 
-    monkeypatch.setenv("PDOPS_SCHEMA_DIR", "/work/shared/schemas")
+    monkeypatch.delenv("PDOPS_SCHEMA_DIR", raising=False)   # the pinned schemas in the repository
     monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
     shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
     overlay = tmp_path / "overlays" / "local"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, SCHEMAS
+from tests.conftest import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -72,10 +72,10 @@ def image_venv(tmp_path_factory) -> Path:
 
 def run_step(venv: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    # The image sets PDOPS_SCHEMA_DIR=/opt/pdops/schemas, filled from the `schemas` build context
-    # (../shared/schemas); a non-editable install has no repository root to find them beside.
-    assert dockerfile_env()["PDOPS_SCHEMA_DIR"] == "/opt/pdops/schemas"
-    env["PDOPS_SCHEMA_DIR"] = str(SCHEMAS)
+    # The image sets no PDOPS_SCHEMA_DIR: the wheel carries the pinned schemas as package data
+    # (workflows/data/schemas), and a non-editable install must find them there, with no setting.
+    assert "PDOPS_SCHEMA_DIR" not in dockerfile_env()
+    env.pop("PDOPS_SCHEMA_DIR", None)
     env["PATH"] = f"{venv}/bin:{env['PATH']}"
     return subprocess.run([str(venv / "bin" / "pdops"), *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)

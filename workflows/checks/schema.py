@@ -33,10 +33,15 @@ _KEEP = {"$ref", "type", "enum", "const", "pattern", "required", "minimum", "max
 _METADATA = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
 
 
+# The pinned upstream CRD and JSON schemas travel with the package (workflows/data/schemas, Apache-2.0
+# data; sources and tags in its README.md, refreshed by scripts/refresh_schemas.py), so a clone or
+# the step image's non-editable install checks offline with no setting and nothing beside it.
+PINNED_SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "schemas"
+
+
 def schema_dir_from_env() -> Path:
-    """PDOPS_SCHEMA_DIR, else ../shared/schemas next to the repository root."""
-    default = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
-    return Path(os.environ.get("PDOPS_SCHEMA_DIR") or default)
+    """PDOPS_SCHEMA_DIR when set (an override: other copies of the schemas), else the pinned ones."""
+    return Path(os.environ.get("PDOPS_SCHEMA_DIR") or PINNED_SCHEMAS)
 
 
 def validate_objects(objects: list[dict], schema_dir: Path, file: str) -> list[Finding]:
@@ -44,7 +49,7 @@ def validate_objects(objects: list[dict], schema_dir: Path, file: str) -> list[F
     schema_dir = Path(schema_dir)
     if not schema_dir.is_dir():
         raise InputError(file=str(schema_dir), field="", problem="schema folder not found",
-                         fix="set PDOPS_SCHEMA_DIR or pass --schema-dir")
+                         fix="unset PDOPS_SCHEMA_DIR / drop --schema-dir to use the pinned schemas in workflows/data/schemas, or point them at a folder laid out like it")
     return [f for obj in objects for f in _validate(obj, schema_dir.resolve(), file)]
 
 
