@@ -26,7 +26,8 @@ SUMS = DEST / "SHA256SUMS"
 # folder -> (GitHub repository, tag, {file in folder: path in the repository at the tag})
 SOURCES: dict[str, tuple[str, str, dict[str, str]]] = {
     "kuberay-v1.7.0": ("ray-project/kuberay", "v1.7.0", {
-        f"ray.io_{k}.yaml": f"helm-chart/kuberay-operator/crds/ray.io_{k}.yaml" for k in ("rayservices", "rayclusters")}),
+        f"ray.io_{k}.yaml": f"helm-chart/kuberay-operator/crds/ray.io_{k}.yaml"
+        for k in ("rayservices", "rayclusters")}),
     "argo-workflows-v4.0.10": ("argoproj/argo-workflows", "v4.0.10", {
         **{f"argoproj.io_{k}.yaml": f"manifests/base/crds/full/argoproj.io_{k}.yaml"
            for k in ("workflowtemplates", "cronworkflows", "workflows")},
@@ -60,7 +61,8 @@ def verify(dest: Path) -> list[str]:
         elif rel not in sums:
             problems.append(f"{rel}: no checksum in SHA256SUMS")
         elif digest(p) != sums[rel]:
-            problems.append(f"{rel}: differs from the pinned upstream file (sha256 {digest(p)[:12]} != {sums[rel][:12]})")
+            problems.append(f"{rel}: differs from the pinned upstream file "
+                            f"(sha256 {digest(p)[:12]} != {sums[rel][:12]})")
     extra = {str(p.relative_to(dest)) for p in dest.glob("*/*") if p.is_file()} - want
     problems += [f"{rel}: a file no source pins (remove it or add it to SOURCES)" for rel in sorted(extra)]
     return problems
@@ -74,7 +76,7 @@ def refresh(dest: Path, source_root: Path | None) -> None:
         else:
             url = f"https://raw.githubusercontent.com/{repo}/{tag}/{path}"
             print(f"fetching {url}", file=sys.stderr)
-            with urllib.request.urlopen(url, timeout=60) as resp:   # noqa: S310  (a fixed https URL)
+            with urllib.request.urlopen(url, timeout=60) as resp:   # a fixed https URL of the pinned tag
                 data = resp.read()
         out = dest / rel
         out.parent.mkdir(parents=True, exist_ok=True)
