@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         problems = verify(args.dest)
         for p in problems:
             print(f"error: {args.dest}/{p}", file=sys.stderr)
-        print(f"{len(files())} pinned schema files " + ("match SHA256SUMS" if not problems else f"{len(problems)} problems"))
+        verdict = "match SHA256SUMS" if not problems else f"{len(problems)} problems"
+        print(f"{len(files())} pinned schema files {verdict}")
         return 1 if problems else 0
     refresh(args.dest, args.source_root)
     return 0
