@@ -210,6 +210,19 @@ def _benches_of(obj: dict[str, Any] | list[Any], path: str) -> list[BenchReport]
                          f"{e['msg']}", "pass the files those commands wrote") from None
 
 
+def _refuse_unjudgeable(path: str, benches: list[BenchReport]) -> None:
+    """Bad input (exit 2), never a verdict: a report the gate cannot judge (validation/gate_inputs.py)
+    names its file, the field (`[i].` its place in a list of several) and the fix."""
+    from validation.gate_inputs import problems
+
+    found = [(i, p) for i, b in enumerate(benches) for p in problems(b)]
+    if found:
+        i, first = found[0]
+        more = f" (and {len(found) - 1} more: " + "; ".join(
+            (f"[{j}]." if len(benches) > 1 else "") + p.field for j, p in found[1:6]) + ")" if len(found) > 1 else ""
+        raise InputError(path, (f"[{i}]." if len(benches) > 1 else "") + first.field, first.problem + more, first.fix)
+
+
 def cmd_gate(args) -> int:
     from validation import gate, report
     from validation.reports.compat import CompatReport
@@ -224,8 +237,11 @@ def cmd_gate(args) -> int:
     raw_compat = _load(args.compat) if args.compat else None
     if raw_compat is not None and not isinstance(raw_compat, dict):
         raise InputError(args.compat, "", "expected the JSON object `pdops compat --json` writes, got a list")
-    benches = [b for f in args.bench for b in _benches_of(_load(f), f)]
+    given = [(f, _benches_of(_load(f), f)) for f in args.bench]
     stable = _benches_of(_load(args.stable_report), args.stable_report) if args.stable_report else None
+    for path, found in given + ([(args.stable_report, stable)] if stable is not None else []):
+        _refuse_unjudgeable(path, found)
+    benches = [b for _, found in given for b in found]
     if args.inconclusive:
         slo = slo.model_copy(update={"statistics": slo.statistics.model_copy(
             update={"inconclusive": args.inconclusive, "max_looks": 1})})
@@ -238,7 +254,7 @@ def cmd_gate(args) -> int:
         # last planned look (the confidence is already corrected for max_looks), so unproven fails
         compat = CompatReport.model_validate(raw_compat) if raw_compat is not None else None
         decision = gate.decide(compat, benches, slo, stable, look=slo.statistics.max_looks,
-                               balance_block=spec.validation.balance.block)
+                               balance_block=spec.validation.balance.block, planned=spec.validation.load)
         files = report.write(args.out, decision, compat, benches)
     except (TypeError, ValueError, AttributeError, KeyError) as exc:   # JSON, but not a report's shape
         named = [f for f in (args.compat, *args.bench, args.stable_report) if f]

@@ -53,6 +53,12 @@ class VsStable(_Strict):
     # is used only when stable does not serve. recorded: always the baseline (half the load time).
     measure: Literal["live", "recorded"] = "live"
     blocks: Annotated[int, Field(ge=1, le=32)] = 4
+    # What a load with no baseline run to compare with does (no baseline measured: a first release,
+    # no room for one; or one measured at another profile/load). fail: the vs_stable checks of that
+    # load fail, so nothing is promoted on a comparison that was never made. absolute_only: they are
+    # reported `skipped` and the candidate is promoted on the absolute SLOs alone; the decision's
+    # first line says "gated on absolute SLOs only: <why>" (validation/gate.py no_baseline).
+    without_baseline: Literal["fail", "absolute_only"] = "fail"
 
 
 class Statistics(_Strict):

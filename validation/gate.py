@@ -15,11 +15,13 @@ have is null there, and the check that needs it fails and says so (never judged 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
-from validation import verdicts
-from validation.config import SLO
+from validation import error_rates, gate_inputs, verdicts
+from validation.config import SLO, LoadProfile, VsStable
 from validation.reports.bench import BenchReport, Quantiles
 from validation.reports.compat import CompatReport
 from validation.reports.decision import Check, Decision
@@ -48,8 +50,50 @@ def bench_label(b: BenchReport | dict[str, Any], i: int) -> str:
     return f"#{i} {b.profile or '?'} {lvl}".strip()
 
 
-def _key(b: BenchReport) -> tuple[str | None, int | None, float | None, str | None]:
+LoadKey = tuple[str | None, int | None, float | None, str | None]
+
+
+def _key(b: BenchReport) -> LoadKey:
     return (b.profile, b.load.concurrency, b.load.rate, b.load.trace)
+
+
+def planned_key(load: LoadProfile) -> LoadKey:
+    """The key a bench of this planned load carries (validation/bench.py: a rate or a trace sets no
+    concurrency; a trace is named by its file name)."""
+    trace = PurePosixPath(load.trace).name if load.trace else None
+    return (load.profile, None if load.rate or trace else load.concurrency, load.rate, trace)
+
+
+def load_text(key: LoadKey) -> str:
+    profile, c, rate, trace = key
+    return f"{profile or '?'} " + (f"c={c}" if c else f"rate={rate:g}" if rate else f"trace={trace}" if trace else "")
+
+
+def loads_check(benches: Sequence[BenchReport], planned: Sequence[LoadProfile]) -> Check:
+    """`loads`: the benches given are exactly the loads the release plans (validation.load), so a run
+    of one load out of three is not judged as if it were the release's validation."""
+    want, got = Counter(planned_key(p) for p in planned), Counter(_key(b) for b in benches)
+    missing, extra = want - got, got - want
+    text = lambda c: ", ".join(load_text(k) + (f" (x{n})" if n > 1 else "") for k, n in c.items())  # noqa: E731
+    msg = (f"loads: {sum(got.values()) - sum(extra.values())} of {sum(want.values())} planned loads measured"
+           + (f"; missing: {text(missing)}" if missing else "") + (f"; not planned: {text(extra)}" if extra else "")
+           + (" (validation.load in release.yaml)" if missing or extra else ""))
+    return Check(check="loads", ok=not missing and not extra, value=[load_text(k) for k in missing.elements()] or None,
+                 limit=sum(want.values()), message=msg)
+
+
+def no_baseline(vs: VsStable, lab: str | None, why: str) -> Check:
+    """The vs_stable check of a load with no baseline run to compare with: fails, unless the spec says
+    this environment is gated on absolute SLOs only (slo.vs_stable.without_baseline: absolute_only);
+    then it is reported skipped and the decision's first line says so (`decide`)."""
+    head = f"{lab}: " if lab else ""
+    if vs.without_baseline == "absolute_only":
+        return Check(check="vs_stable", ok=True, bench=lab, verdict="skipped",
+                     message=f"{head}vs_stable skipped: {why} (slo.vs_stable.without_baseline: absolute_only)")
+    return Check(check="vs_stable", ok=False, bench=lab, verdict="fail",
+                 message=f"{head}vs_stable not proven: {why}; nothing was compared, so the candidate is not promoted "
+                         "on it (fix: measure a baseline, or set slo.vs_stable.without_baseline: absolute_only to gate "
+                         "this environment on absolute SLOs only)")
 
 
 def _q(summary: Quantiles | None, q: str) -> float | None:
@@ -61,7 +105,7 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
            slo: SLO, stable_in: Sequence[BenchReport | dict[str, Any]] | None = None,
            golden_in: GoldenReport | dict[str, Any] | None = None, replaced: list[str] | None = None,
            diff: Any = None, look: int = 1, balance_block: bool = False,
-           skipped: dict[str, str] | None = None) -> Decision:
+           skipped: dict[str, str] | None = None, planned: Sequence[LoadProfile] | None = None) -> Decision:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
     (or a `skipped` one) do not run it. `replaced`: the candidate's engines that were replaced
     while it was validated, where the target can tell; a candidate that lost an engine is unproven
@@ -71,7 +115,11 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
     verdict is reported as a passing check.
     `skipped`: check name -> why it could not run (no reference engine this time): listed, verdict
     `skipped`, not blocking, so a skip is never mistaken for a pass.
-    Reports may be given as the JSON dicts their producers wrote; they are read as models."""
+    `planned`: the release's loads (validation.load); a missing or unplanned load fails the `loads`
+    check. None only for callers with no release plan (simulations, scripts/bench_gate.py).
+    Reports may be given as the JSON dicts their producers wrote; they are read as models. A report the
+    gate cannot judge (validation/gate_inputs.py: null counts, NaN samples, ...) fails `report_input`
+    with the field and the fix, and its own checks are not judged."""
     compat = CompatReport.coerce(compat_in) if compat_in is not None else None
     benches = [BenchReport.coerce(b) for b in benches_in]
     stable = [BenchReport.coerce(b) for b in stable_in] if stable_in is not None else None
@@ -105,6 +153,17 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
 
     if not benches:
         add("bench", False, "no benchmark reports")
+    if planned is not None:
+        checks.append(loads_check(benches, planned))
+    invalid = [gate_inputs.problems(b) for b in benches]
+    for i, found in enumerate(invalid):
+        for p in found:
+            add("report_input", False, f"{bench_label(benches[i], i)}: {p.render()}", bench_label(benches[i], i))
+    baselines = []
+    for j, s in enumerate(stable or []):
+        for p in (found := gate_inputs.problems(s)):
+            add("report_input", False, f"baseline {bench_label(s, j)}: {p.render()}", f"baseline {bench_label(s, j)}")
+        baselines += [] if found else [s]
 
     if golden is not None:
         bad = [c for c in golden.cases if not c.ok]
@@ -135,6 +194,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
         ("tpot_p99_ms", "tpot_ms", "p99", slo.decode.tpot_p99_ms),
     ]
     for i, b in enumerate(benches):
+        if invalid[i]:
+            continue   # not judged: its report_input checks say why
         lab = bench_label(b, i)
         ch = b.client_health
         if ch.client_bottleneck and slo.client_health == "ignored":
@@ -167,13 +228,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
             used = " from TPOT samples" if metric == "itl_ms" and b.itl_level == "chunk" else ""
             add(name, j.ok, f"{lab}: {metric} {q} {v:.1f} ms{src}{used} vs limit {limit} ms, {j.message}",
                 lab, v, limit, j, i)
-        er = b.error_rate
-        if er is None:   # no rate in the report: from the counts; no request at all is no proof
-            tot = (b.requests_ok or 0) + (b.errors or 0)
-            er = (b.errors or 0) / tot if tot else 1.0
-        add("error_rate", er <= slo.max_error_rate,
-            f"{lab}: error rate {er:.2%} {'<=' if er <= slo.max_error_rate else '>'} {slo.max_error_rate:.2%}",
-            lab, er, slo.max_error_rate)
+        # exact test on the counts (validation/error_rates.py); the summary error_rate is never read
+        checks.append(error_rates.tolerance_check(b, lab, slo.max_error_rate, st.confidence, st.power))
         if slo.min_goodput_rps is not None:
             g = b.goodput_rps
             ok = g is not None and g >= slo.min_goodput_rps
@@ -213,19 +269,28 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
 
     # -- vs stable ---------------------------------------------------------------------------
     vs = slo.vs_stable
+    unproven: list[str] = []   # why a load had no baseline (without_baseline: absolute_only)
     if vs is not None:
         if not stable:
-            add("vs_stable", True, "no stable report to compare against (first release?)")
+            checks.append(no_baseline(vs, None, why := "no baseline run was given (a first release, or no room "
+                                                       "for a baseline)"))
+            unproven.append(why)
         else:
-            idx = {_key(s): s for s in stable}
+            idx = {_key(s): s for s in baselines}
             comparisons = sum(1 for b in benches if _key(b) in idx for f in (vs.ttft_p90, vs.tpot_p90, vs.itl_p90)
                               if f is not None)
             for i, b in enumerate(benches):
                 lab = bench_label(b, i)
                 s = idx.get(_key(b))
-                if s is None:
-                    add("vs_stable", True, f"{lab}: no matching stable run (same profile and load)", lab)
+                if invalid[i]:
                     continue
+                if s is None:
+                    why = (f"no valid baseline run at {load_text(_key(b))} (baseline runs: "
+                           + (", ".join(load_text(_key(x)) for x in baselines) or "none valid") + ")")
+                    checks.append(no_baseline(vs, lab, why))
+                    unproven.append(f"{lab}: {why}")
+                    continue
+                checks.append(error_rates.baseline_check(b, s, lab, st.confidence))
                 for name, metric, factor in (("ttft_p90", "ttft_ms", vs.ttft_p90), ("tpot_p90", "tpot_ms", vs.tpot_p90),
                                              ("itl_p90", "itl_ms", vs.itl_p90)):
                     if factor is None:
@@ -258,4 +323,6 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
                     from validation.cost import vs_stable_cost
                     checks.append(vs_stable_cost(b, s, vs.cost, lab))
 
-    return Decision.of(checks, look, extend)
+    scope = ("gated on absolute SLOs only: " + "; ".join(unproven)
+             if unproven and vs is not None and vs.without_baseline == "absolute_only" else None)
+    return Decision.of(checks, look, extend, scope)

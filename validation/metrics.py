@@ -52,7 +52,10 @@ def per_request(rec: dict, from_scheduled: bool = False) -> dict:
     e2e = (end - origin) * 1000 if end is not None else None
     ntok = output_tokens(rec)
     tpot = None
-    if ttft is not None and e2e is not None and ntok and ntok > 1:
+    # e2e == ttft: every event after the first content arrived in the same socket read (a batched
+    # stream), so the client saw no per-token time at all: not measured (null), never a 0 ms TPOT,
+    # which the gate refuses as invalid input (validation/gate_inputs.py)
+    if ttft is not None and e2e is not None and ntok and ntok > 1 and e2e > ttft:
         tpot = (e2e - ttft) / (ntok - 1)
     ct = rec.get("chunk_times") or []
     itl = [(b - a) * 1000 for a, b in itertools.pairwise(ct)]
@@ -163,7 +166,10 @@ def samples(records: list[dict]) -> dict:
     out: dict[str, Any] = {"ttft": [r3(p["ttft"]) for p in pr if p["ttft"] is not None],
            "tpot": [r3(p["tpot"]) for p in pr if p["tpot"] is not None],
            "itl": [r3(g) for p in pr for g in p["itl"]],
-           "itl_counts": [len(p["itl"]) for p in pr]}
+           "itl_counts": [len(p["itl"]) for p in pr],
+           # every measured request (never truncated), send order: the gate counts errors from these
+           "outcomes": [int(is_ok(r)) for r in sorted((r for r in records if not r.get("warmup")),
+                                                      key=lambda r: r.get("sent") or 0.0)]}
     if len(pr) < n_all:
         out["truncated"] = {"requests_kept": len(pr), "requests": n_all, "itl_gaps": gaps_all}
     return out

@@ -240,7 +240,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     replaced = replaced_engines(endpoint, current()) if current else None
     block = spec.validation.balance.block
     decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, balance_block=block,
-                           skipped=skipped)
+                           skipped=skipped, planned=spec.validation.load)
     look = 1
     # slo.statistics.inconclusive: extend, looks remaining (validation/sequential.py); after the reference
     # engine has stopped, so the extra loads have the machine the first ones had
@@ -254,7 +254,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             _dump(run / f"bench-{i}-{load.profile}.json", benches[i])
         replaced = replaced_engines(endpoint, current()) if current else None
         decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look,
-                               balance_block=block, skipped=skipped)
+                               balance_block=block, skipped=skipped, planned=spec.validation.load)
     if rendered is not None and rendered.overlay is not None:
         decision.advice = balance_advice(rendered, benches, run, progress, stable)
     try:

@@ -132,6 +132,10 @@ class Samples(ReportModel):
     itl_counts: list[int] | None = None
     itl_means: list[float] | None = None
     truncated: dict[str, int] | None = None
+    # every measured (non-warm-up) request in send order, 1 ok / 0 error, never truncated: the gate's
+    # error counts (validation/error_rates.py) are recomputed from these when present
+    outcomes: list[int] | None = None
+    outcome_block: list[int] | None = None    # each outcome's block (interleaved runs), aligned with outcomes
 
 
 class GoodputSlo(ReportModel):

@@ -42,12 +42,16 @@ class Decision(ReportModel):
     extend: list[int] = Field(default_factory=list)   # benches to run again (slo.statistics: extend)
     # pdops advise on the runs (validation/balance.py, workflows/advise_patch.py): report lines, never a gate
     advice: list[str] = Field(default_factory=list)
+    # what the decision did NOT test, e.g. "gated on absolute SLOs only: <why no baseline>"
+    # (slo.vs_stable.without_baseline: absolute_only); when set it is also the first reason
+    scope: str | None = None
 
     @classmethod
-    def of(cls, checks: list[Check], look: int, extend: set[int]) -> Decision:
+    def of(cls, checks: list[Check], look: int, extend: set[int], scope: str | None = None) -> Decision:
         failed = [c for c in checks if not c.ok]
-        return cls(verdict="rollback" if failed else "promote",
-                   reasons=[c.message for c in failed] or ["all checks passed"], checks=checks,
+        return cls(verdict="rollback" if failed else "promote", scope=scope,
+                   reasons=([scope] if scope else []) + ([c.message for c in failed] or ["all checks passed"]),
+                   checks=checks,
                    failed=len(failed), passed=len(checks) - len(failed),
                    inconclusive=sum(1 for c in checks if c.verdict == "inconclusive"), look=look,
                    extend=sorted(extend) if extend and all(c.verdict == "inconclusive" for c in failed) else [])
