@@ -146,37 +146,39 @@ def tolerance_check(b: BenchReport, lab: str, tolerance: float, confidence: floa
         return Check(check="error_rate", ok=False, bench=lab, value=None, limit=tolerance, verdict="fail",
                      message=f"{lab}: no request was measured, so no error rate (nothing proves the candidate serves)")
     rate = k / n
-    head = f"{lab}: {_errors(k, n)} ({rate:.2%}, from {source})"
+    head = f"{lab}: error rate {rate:.2%}: {_errors(k, n)} (from {source})"
     if tolerance == 0:
-        return Check(check="error_rate", ok=k == 0, bench=lab, value=rate, limit=0.0, verdict="pass" if k == 0 else "fail",
+        return Check(check="error_rate", ok=k == 0, bench=lab, value=rate, limit=0.0,
+                     verdict="pass" if k == 0 else "fail",
                      message=f"{head}; max_error_rate 0 is zero tolerance: any error rolls back")
     low = lower_bound(k, n, confidence)
     ok = low <= tolerance
     k_fail = errors_to_fail(n, tolerance, confidence)
-    reach = (f"at n={n}, {k_fail} errors ({k_fail / n:.2%}) roll back; a true error rate of "
-             f"{detectable_rate(n, k_fail, power):.2%} is caught with power {power:.0%}" if k_fail is not None else
+    caught = detectable_rate(n, k_fail, power) if k_fail is not None else None
+    reach = (f"at n={n}, {k_fail} errors ({k_fail / n:.2%}) roll back; a true error rate of {caught:.2%} is caught "
+             f"with power {power:.0%}" if k_fail is not None and caught is not None else
              f"at n={n} no number of errors proves a rate above {tolerance:.2%}: this run cannot fail on errors "
              "(raise the load's requests)")
     return Check(check="error_rate", ok=ok, bench=lab, value=rate, limit=tolerance, verdict="pass" if ok else "fail",
                  interval=[low, None], confidence=confidence,
                  detectable={"errors_to_roll_back": None if k_fail is None else float(k_fail),
-                             "rate": None if k_fail is None else detectable_rate(n, k_fail, power)},
+                             "rate": caught},
                  message=f"{head}; one-sided {confidence:.1%} lower bound {low:.3%} "
                          f"{'<=' if ok else '>'} max_error_rate {tolerance:.2%} (exact, Clopper-Pearson): "
                          f"{'pass' if ok else 'fail: proven above the tolerance'}; {reach}")
 
 
 def baseline_check(b: BenchReport, baseline: BenchReport, lab: str, confidence: float) -> Check:
-    """`vs_stable_errors`: does the candidate fail more often than the baseline at the same load?"""
+    """`errors_vs_baseline`: does the candidate fail more often than the baseline at the same load?"""
     (kc, nc, source), (kb, nb, _) = counts(b), counts(baseline)
     alpha = 1 - confidence
     if nc == 0 or nb == 0:
-        return Check(check="vs_stable_errors", ok=False, bench=lab, limit=alpha, verdict="fail",
+        return Check(check="errors_vs_baseline", ok=False, bench=lab, limit=alpha, verdict="fail",
                      message=f"{lab}: errors cannot be compared with the baseline: {nc} candidate and {nb} baseline "
                              "requests measured")
     p = fisher_greater(kc, nc, kb, nb)
     ok = p >= alpha
-    return Check(check="vs_stable_errors", ok=ok, bench=lab, value=p, limit=alpha, verdict="pass" if ok else "fail",
+    return Check(check="errors_vs_baseline", ok=ok, bench=lab, value=p, limit=alpha, verdict="pass" if ok else "fail",
                  confidence=confidence,
                  message=f"{lab}: candidate {_errors(kc, nc)} ({kc / nc:.2%}, from {source}) vs baseline "
                          f"{_errors(kb, nb)} ({kb / nb:.2%}) at the same load: one-sided Fisher exact p = {p:.3g} "

@@ -159,11 +159,12 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
     for i, found in enumerate(invalid):
         for p in found:
             add("report_input", False, f"{bench_label(benches[i], i)}: {p.render()}", bench_label(benches[i], i))
-    baselines = []
-    for j, s in enumerate(stable or []):
-        for p in (found := gate_inputs.problems(s)):
-            add("report_input", False, f"baseline {bench_label(s, j)}: {p.render()}", f"baseline {bench_label(s, j)}")
-        baselines += [] if found else [s]
+    baselines: list[BenchReport] = []   # the valid ones: an invalid baseline compares with nothing
+    for k, base in enumerate(stable or []):
+        lab = f"baseline {bench_label(base, k)}"
+        for p in (found := gate_inputs.problems(base)):
+            add("report_input", False, f"{lab}: {p.render()}", lab)
+        baselines += [] if found else [base]
 
     if golden is not None:
         bad = [c for c in golden.cases if not c.ok]

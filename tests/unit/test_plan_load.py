@@ -46,7 +46,8 @@ def test_gate_cli_inconclusive_override(tmp_path):
     the point estimate and says so."""
     rng = np.random.default_rng(0)
     ttft = (100 * rng.lognormal(0, 0.3, 16)).tolist()
-    b = {"kind": "bench", "profile": "balanced", "load": {"concurrency": 4}, "requests_ok": 16, "errors": 0,
+    b = {"kind": "bench", "profile": "balanced", "load": {"concurrency": 4}, "requests_total": 16, "requests_ok": 16,
+         "errors": 0,
          "error_rate": 0.0, "client_health": {"client_bottleneck": False}, "itl_level": "token",
          "ttft_ms": metrics.summary(ttft), "samples": {"ttft": ttft}}
     (tmp_path / "bench.json").write_text(json.dumps(b))
