@@ -46,7 +46,8 @@ def draw(rng, n: int, a, ttft_x: float = 1.0, itl_x: float = 1.0) -> dict:
     flat = gaps.ravel()
     return {"kind": "bench", "profile": "balanced", "load": {"concurrency": 16}, "itl_level": "token",
             "ttft_ms": _summary(ttft), "tpot_ms": _summary(tpot), "itl_ms": _summary(flat),
-            "requests_ok": n, "errors": 0, "error_rate": 0.0, "client_health": {"client_bottleneck": False},
+            "requests_total": n, "requests_ok": n, "errors": 0, "error_rate": 0.0,
+            "client_health": {"client_bottleneck": False},
             "samples": {"ttft": ttft.tolist(), "tpot": tpot.tolist(), "itl": flat.tolist(),
                         "itl_counts": [a.tokens - 1] * n}}
 
@@ -55,6 +56,7 @@ def merge(a: dict, b: dict) -> dict:
     """Two runs of the same load as one (what an extended look measures)."""
     s = {k: a["samples"][k] + b["samples"][k] for k in a["samples"]}
     return {**a, "requests_ok": a["requests_ok"] + b["requests_ok"], "samples": s,
+            "requests_total": a["requests_total"] + b["requests_total"],
             **{f"{m}_ms": _summary(np.asarray(s[m])) for m in ("ttft", "tpot", "itl")}}
 
 
