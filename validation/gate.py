@@ -82,6 +82,15 @@ def loads_check(benches: Sequence[BenchReport], planned: Sequence[LoadProfile]) 
                  limit=sum(want.values()), message=msg)
 
 
+def input_checks(benches: Sequence[BenchReport], baselines: Sequence[BenchReport]) -> list[Check]:
+    """`report_input`: one failing check per defect that makes a report unjudgeable
+    (validation/gate_inputs.py), naming the run, the field and the fix."""
+    runs = [(bench_label(b, i), b) for i, b in enumerate(benches)]
+    runs += [(f"baseline {bench_label(b, k)}", b) for k, b in enumerate(baselines)]
+    return [Check(check="report_input", ok=False, bench=lab, verdict="fail", message=f"{lab}: {p.render()}")
+            for lab, b in runs for p in gate_inputs.problems(b)]
+
+
 def no_baseline(vs: VsStable, lab: str | None, why: str) -> Check:
     """The vs_stable check of a load with no baseline run to compare with: fails, unless the spec says
     this environment is gated on absolute SLOs only (slo.vs_stable.without_baseline: absolute_only);
@@ -156,15 +165,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
     if planned is not None:
         checks.append(loads_check(benches, planned))
     invalid = [gate_inputs.problems(b) for b in benches]
-    for i, found in enumerate(invalid):
-        for p in found:
-            add("report_input", False, f"{bench_label(benches[i], i)}: {p.render()}", bench_label(benches[i], i))
-    baselines: list[BenchReport] = []   # the valid ones: an invalid baseline compares with nothing
-    for k, base in enumerate(stable or []):
-        lab = f"baseline {bench_label(base, k)}"
-        for p in (found := gate_inputs.problems(base)):
-            add("report_input", False, f"{lab}: {p.render()}", lab)
-        baselines += [] if found else [base]
+    baselines = [s for s in stable or [] if not gate_inputs.problems(s)]   # an invalid one compares with nothing
+    checks += input_checks(benches, stable or [])
 
     if golden is not None:
         bad = [c for c in golden.cases if not c.ok]

@@ -28,7 +28,10 @@ def merge_bench(a: BenchReport, b: BenchReport) -> BenchReport:
     each run's own summary."""
     sa, sb = a.samples or Samples(), b.samples or Samples()
     samples = Samples(ttft=(sa.ttft or []) + (sb.ttft or []), tpot=(sa.tpot or []) + (sb.tpot or []),
-                      itl=(sa.itl or []) + (sb.itl or []), itl_counts=(sa.itl_counts or []) + (sb.itl_counts or []))
+                      itl=(sa.itl or []) + (sb.itl or []), itl_counts=(sa.itl_counts or []) + (sb.itl_counts or []),
+                      # per-request outcomes only when both runs have them (else the summed counts are the truth)
+                      outcomes=sa.outcomes + sb.outcomes if sa.outcomes is not None and sb.outcomes is not None
+                      else None)
     out = b.model_copy(deep=True)
     out.samples = samples
     total, errors = _add(a.requests_total, b.requests_total), _add(a.errors, b.errors)

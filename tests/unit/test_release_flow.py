@@ -126,6 +126,10 @@ def test_passing_candidate_is_promoted_with_a_report(server, overlay, tmp_path, 
     assert target.calls == ["apply", "wait_ready", "promote"]
     saved = json.loads((folder / "release.json").read_text())
     assert saved["verdict"] == "promote" and saved["digest"].startswith("sha256:")
+    # the gate compared the benches with the loads release.yaml plans (steps passes validation.load)
+    checks = json.loads((folder / "report.json").read_text())["decision"]["checks"]
+    loads = [(c["ok"], c["message"]) for c in checks if c["check"] == "loads"]
+    assert loads == [(True, "loads: 1 of 1 planned loads measured")]
     assert (folder / "summary.md").exists() and (folder / "compat.json").exists()
     assert yaml.safe_load_all((folder / "manifest.yaml").read_text())
 
