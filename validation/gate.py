@@ -66,7 +66,8 @@ def planned_key(load: LoadProfile) -> LoadKey:
 
 def load_text(key: LoadKey) -> str:
     profile, c, rate, trace = key
-    return f"{profile or '?'} " + (f"c={c}" if c else f"rate={rate:g}" if rate else f"trace={trace}" if trace else "")
+    return (f"{profile or '?'} " + (f"c={c}" if c else f"rate={rate:g}" if rate else f"trace={trace}" if trace
+                                    else "")).strip()
 
 
 def loads_check(benches: Sequence[BenchReport], planned: Sequence[LoadProfile]) -> Check:
@@ -283,10 +284,10 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
             comparisons = sum(1 for b in benches if _key(b) in idx for f in (vs.ttft_p90, vs.tpot_p90, vs.itl_p90)
                               if f is not None)
             for i, b in enumerate(benches):
-                lab = bench_label(b, i)
-                s = idx.get(_key(b))
                 if invalid[i]:
                     continue
+                lab = bench_label(b, i)
+                s = idx.get(_key(b))
                 if s is None:
                     why = (f"no valid baseline run at {load_text(_key(b))} (baseline runs: "
                            + (", ".join(load_text(_key(x)) for x in baselines) or "none valid") + ")")
