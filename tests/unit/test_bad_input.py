@@ -471,6 +471,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.f
 @given(report=st.dictionaries(st.sampled_from(BENCH_KEYS), json_values, max_size=5))
 def test_gate_on_json_that_is_not_a_bench_report(tmp_path_factory, report):
     """Valid JSON of the wrong shape: a verdict (rollback) or bad input naming the file, never a traceback.
+
     (Bad input names the file and then the field: the shape (`not reports ...`) or a figure the gate
     cannot judge (validation/gate_inputs.py, e.g. `requests_total: null or missing`).)"""
     folder = tmp_path_factory.mktemp("gate")

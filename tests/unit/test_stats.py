@@ -99,7 +99,8 @@ def _bench(ttft, tpot):
     q = lambda v: {"p50": float(np.percentile(v, 50)), "p90": float(np.percentile(v, 90)),  # noqa: E731
                    "p99": float(np.percentile(v, 99))}
     return {"kind": "bench", "profile": "balanced", "load": {"concurrency": 8}, "itl_level": "token",
-            "ttft_ms": q(ttft), "tpot_ms": q(tpot), "itl_ms": q(tpot), "requests_total": len(ttft), "requests_ok": len(ttft), "errors": 0,
+            "ttft_ms": q(ttft), "tpot_ms": q(tpot), "itl_ms": q(tpot),
+            "requests_total": len(ttft), "requests_ok": len(ttft), "errors": 0,
             "error_rate": 0.0, "client_health": {"client_bottleneck": False},
             "samples": {"ttft": ttft.tolist(), "tpot": tpot.tolist(), "itl": tpot.tolist(),
                         "itl_counts": [1] * len(tpot)}}
