@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def schema_flag(p: argparse.ArgumentParser) -> None:
         p.add_argument("--schema-dir",
-                       help="folder of CRD/JSON schemas (default: $PDOPS_SCHEMA_DIR, else the pinned workflows/data/schemas)")
+                       help="folder of CRD/JSON schemas (default: $PDOPS_SCHEMA_DIR, "
+                       "else the pinned workflows/data/schemas)")
 
     p = sub.add_parser("render", help="overlay -> deployable multi-document YAML (checked first)")
     p.add_argument("overlay", help="overlay directory, e.g. overlays/local")

@@ -49,7 +49,8 @@ def validate_objects(objects: list[dict], schema_dir: Path, file: str) -> list[F
     schema_dir = Path(schema_dir)
     if not schema_dir.is_dir():
         raise InputError(file=str(schema_dir), field="", problem="schema folder not found",
-                         fix="unset PDOPS_SCHEMA_DIR / drop --schema-dir to use the pinned schemas in workflows/data/schemas, or point them at a folder laid out like it")
+                         fix="unset PDOPS_SCHEMA_DIR / drop --schema-dir to use the pinned schemas in "
+                             "workflows/data/schemas, or point them at a folder laid out like it")
     return [f for obj in objects for f in _validate(obj, schema_dir.resolve(), file)]
 
 
