@@ -153,6 +153,9 @@ class PrometheusSource:
             return ServerMetrics(error=str(e), url=self.url, requests_ok=requests_ok)
 
     def _window(self, start: float, end: float, requests_ok: int) -> ServerMetrics:
+        if not self.select:   # would sum every slot's engines, stable and candidate alike
+            raise PrometheusError("no labels select this slot's engines in Prometheus (the target gives none: "
+                                  "only the Kubernetes target does)")
         interval = self._interval()
         if end - start < 2 * interval:
             raise PrometheusError(f"the measurement window ({end - start:.1f} s) is shorter than 2 scrape "
