@@ -43,12 +43,15 @@ def _free_port() -> int:
 
 
 class PrometheusServer:
-    def __init__(self, workdir: Path, targets: list[Target], scrape_interval: str = "1s"):
+    def __init__(self, workdir: Path, targets: list[Target], scrape_interval: str = "1s",
+                 metric_relabel_configs: list[dict] | None = None):
         self.workdir, self.port = Path(workdir), _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = {"global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval},
                   "scrape_configs": [{"job_name": "engines", "static_configs": [
                       {"targets": [t.address], "labels": {"__metrics_path__": t.path, **t.labels}} for t in targets]}]}
+        if metric_relabel_configs:
+            config["scrape_configs"][0]["metric_relabel_configs"] = metric_relabel_configs
         self.config = self.workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump(config), encoding="utf-8")
         self.targets = len(targets)

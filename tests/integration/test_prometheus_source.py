@@ -22,9 +22,9 @@ from validation.prometheus import PrometheusSource
 from validation.reports.bench import Histogram, ServerMetrics
 from validation.server_metrics import Scraper
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(
     prom.binary() is None, reason="the Debian package prometheus is not installed (scripts/setup.sh installs it "
-    "as root with apt-get; this machine could not)")
+    "as root with apt-get; this machine could not)")]
 
 SLOT = {"namespace": "llm-test", "pdops_dev_colour": "blue"}   # what the PodMonitor's relabelling sets
 PHASE = "pdops_dev_phase"

@@ -42,3 +42,19 @@ def test_the_candidate_endpoint_selects_its_own_engine_pods_by_their_labels(clus
         assert labels[endpoint.prometheus_phase_label] in {"prefill", "decode"}
     assert {prom_label(k) for k in (COLOUR_LABEL, PHASE_LABEL)} == {"pdops_dev_colour", "pdops_dev_phase"}
     assert all(re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", k) for k in endpoint.prometheus_labels)
+
+
+def test_the_spec_takes_a_prometheus_url_and_names_a_bad_one():
+    import pytest
+    import yaml
+
+    from workflows.errors import InputError
+    from workflows.spec import parse_spec
+
+    data = yaml.safe_load((ROOT / "overlays" / "prod" / "release.yaml").read_text())
+    assert parse_spec(data, "release.yaml").metrics.prometheus_url is None
+    data["metrics"] = {"prometheus_url": "http://prometheus-operated.monitoring.svc:9090"}
+    assert parse_spec(data, "release.yaml").metrics.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
+    data["metrics"] = {"prometheus_url": "prometheus-operated:9090"}
+    with pytest.raises(InputError, match=r"metrics\.prometheus_url"):
+        parse_spec(data, "release.yaml")
