@@ -12,6 +12,10 @@ On the local stack both slots export through one Ray port, so Prometheus' metric
 what the PodMonitor's podTargetLabels give on Kubernetes: `pdops_dev_colour` and `pdops_dev_phase`
 from the engines' ReplicaId (`<release>-<colour>#Prefill:<model>#<id>`, Ray Serve LLM's deployment
 names).
+
+Not yet run to the end: in the session that wrote it the candidate came up (rollout under the
+lock, about 10 min on a loaded machine) but the lock was busy for the bench. The ReplicaId pattern
+follows what tests/fakes/pd_queues.py serves; check it against the first real run.
 """
 from __future__ import annotations
 
