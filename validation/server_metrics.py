@@ -10,10 +10,10 @@ import re
 import time
 import urllib.request
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from validation.reports.bench import BenchReport
+    from validation.reports.bench import BenchReport, ServerMetrics
 
 HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds",
               "request_time_per_output_token_seconds", "request_prefill_time_seconds",
@@ -126,40 +126,65 @@ def histogram_deltas(before: list[Sample], after: list[Sample]) -> dict:
     b1, s1, c1, n1 = collect(after)
     out = {}
     for h in n1:
-        cnt = c1.get(h, 0.0) - c0.get(h, 0.0)
-        sm = s1.get(h, 0.0) - s0.get(h, 0.0)
         les = sorted(set(b1[h]) | set(b0.get(h, {})))
         buckets = [(le, b1[h].get(le, 0.0) - b0.get(h, {}).get(le, 0.0)) for le in les]
-        if cnt == 0 and buckets:
-            cnt = buckets[-1][1]
-        entry = {"metric": n1[h], "count": cnt, "mean_ms": (sm / cnt * 1000) if cnt > 0 else None}
-        for q in (0.5, 0.9, 0.99):
-            v = _quantile(buckets, cnt, q)
-            entry[f"p{int(q * 100)}_ms"] = None if v is None else v * 1000
-        out[h] = entry
+        out[h] = histogram_entry(n1[h], buckets, s1.get(h, 0.0) - s0.get(h, 0.0), c1.get(h, 0.0) - c0.get(h, 0.0))
     return out
+
+
+def histogram_entry(metric: str, buckets: list[tuple[float, float]], total_s: float, count: float) -> dict:
+    """One histogram's figures over a window from its deltas: cumulative (le, count) sorted by le, the
+    sum in seconds and the count. The direct scrape's diff and the Prometheus source
+    (validation/prometheus.py) both end here, so the two give the same typed figures."""
+    if count == 0 and buckets:
+        count = buckets[-1][1]
+    entry: dict[str, Any] = {"metric": metric, "count": count,
+                             "mean_ms": (total_s / count * 1000) if count > 0 else None}
+    for q in (0.5, 0.9, 0.99):
+        v = _quantile(buckets, count, q)
+        entry[f"p{int(q * 100)}_ms"] = None if v is None else v * 1000
+    return entry
 
 
 def _counter_total(samples: list[Sample], pred) -> float:
     return sum(v for name, labels, v in samples if pred(name, dict(labels)))
 
 
+KV_COUNTERS = ("prompt_tokens_by_source_total", "prompt_tokens_by_source")
+
+
+def is_external_kv(name: str, labels: dict[str, str]) -> bool:
+    """Prompt tokens that arrived by KV transfer (vLLM's prompt_tokens_by_source, source external_kv_transfer)."""
+    pb = _base(name)
+    return pb is not None and pb[1] in KV_COUNTERS and labels.get("source") == "external_kv_transfer"
+
+
+def is_nixl_failure(name: str) -> bool:
+    n = name.lower()
+    return "nixl" in n and "fail" in n and not n.endswith(("_created", "_bucket", "_sum"))
+
+
+def counter_names(names: set[str]) -> set[str]:
+    """One name per counter: Ray exports each counter twice, `<name>_total` and a deprecated copy
+    without `_total` (ray/_private/metrics_agent.py, as tests/fakes/pd_queues.py serves it); summing
+    both counted every KV token and every NIXL failure twice. The bare name counts only alone."""
+    return {n for n in names if n.endswith("_total") or n + "_total" not in names}
+
+
 def kv_evidence(before: list[Sample], after: list[Sample]) -> dict:
+    kv_names = counter_names({n for n, labels, _ in after if is_external_kv(n, dict(labels))})
+    nixl_names = counter_names({n for n, _, _ in after if is_nixl_failure(n)})
+
     def ext_kv(name, labels):
-        pb = _base(name)
-        return pb is not None and pb[1] in ("prompt_tokens_by_source_total", "prompt_tokens_by_source") and \
-            labels.get("source") == "external_kv_transfer"
+        return name in kv_names and is_external_kv(name, labels)
 
     def nixl_fail(name, labels):
-        n = name.lower()
-        return "nixl" in n and "fail" in n and not n.endswith(("_created", "_bucket", "_sum"))
+        return name in nixl_names
 
     kv = _counter_total(after, ext_kv) - _counter_total(before, ext_kv)
-    seen_kv = any(ext_kv(n, dict(labels)) for n, labels, _ in after)
     nf = _counter_total(after, nixl_fail) - _counter_total(before, nixl_fail)
-    nixl_names = sorted({n for n, labels, _ in after if nixl_fail(n, dict(labels))})
-    return {"external_kv_prompt_tokens": kv, "kv_metric_present": seen_kv,
-            "nixl_failed_transfers": nf, "nixl_fail_metrics": nixl_names,
+    return {"external_kv_prompt_tokens": kv, "kv_metric_present": bool(kv_names),
+            "nixl_failed_transfers": nf, "nixl_fail_metrics": sorted(nixl_names),
             "kv_transfer_observed": kv > 0}
 
 
@@ -223,6 +248,21 @@ def diff_sources(before: dict[str, str], after: dict[str, str], phase_of: dict[s
     if phases:
         out["phases"] = {name: histogram_deltas(pb, pa) for name, (pb, pa) in sorted(phases.items())}
     return out
+
+
+class MetricsSource(Protocol):
+    """Where a run's server figures come from: the direct scrape (`Scraper`) or a Prometheus that
+    scrapes the engines (validation/prometheus.py). Both give the same ServerMetrics; a source that
+    cannot measure the window says why in `error` (the gate then fails closed)."""
+
+    def open(self, waited_s: float = 0.0) -> float:
+        """Waits until everything sent so far is in the window's baseline; returns the window's start
+        (unix s). `waited_s`: how long the caller has already waited since its last request."""
+        ...
+
+    def window(self, start: float, end: float, requests_ok: int = 0) -> ServerMetrics:
+        """Figures of the load that ran from `start` (open's answer) to `end` (unix seconds)."""
+        ...
 
 
 # Ray exports each worker's metrics every metrics_report_interval_ms (default 10 s; measured on the
@@ -308,6 +348,20 @@ class Scraper:
                     res["unreachable"] = failed
                 return res
             time.sleep(1.0)
+
+
+    def open(self, waited_s: float = 0.0) -> float:
+        """MetricsSource: the before scrape (after waiting out `lag_s`)."""
+        self.before()
+        return time.time()
+
+    def window(self, start: float, end: float, requests_ok: int = 0) -> ServerMetrics:
+        """MetricsSource: the diff from the before scrape to one now (which waits for the figures to
+        catch up with the load that ended at `end`)."""
+        from validation.reports.bench import ServerMetrics
+
+        res = self.after(requests_ok)
+        return ServerMetrics.model_validate(res if res is not None else {"error": "no metrics URL given"})
 
 
 def _recorded(res: dict) -> float:

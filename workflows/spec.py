@@ -164,6 +164,14 @@ class Cost(_Strict):
                  Annotated[float, Field(gt=0, le=10_000, allow_inf_nan=False)]] = Field({}, max_length=64)
 
 
+class Metrics(_Strict):
+    """Where validation reads the engines' histograms on a cluster. Unset: each worker pod's metrics
+    port directly. `prometheus_url`: a Prometheus that scrapes them through the rendered PodMonitor
+    (validation/prometheus.py), e.g. http://prometheus-operated.monitoring.svc:9090."""
+
+    prometheus_url: str | None = Field(None, max_length=500, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+
+
 class ReleaseSpec(_Strict):
     """A release: which model, how prefill and decode are sized, how KV moves, which SLOs gate it."""
 
@@ -178,6 +186,7 @@ class ReleaseSpec(_Strict):
     slo: SLO = SLO()
     validation: Validation = Validation()
     cost: Cost = Cost()
+    metrics: Metrics = Metrics()
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

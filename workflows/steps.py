@@ -144,6 +144,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     both, interleaved (validation/interleave.py), and `vs_stable` compares with that instead of `stable`."""
     from validation import compat as compat_suite, gate, golden, profiles, report, sequential, traces
     from validation.bench import run_bench
+    from validation.prometheus import PrometheusSource
 
     progress(f"[validate] compatibility suite against {endpoint.base_url}")
     policy, timeout = spec.validation.compat, spec.validation.request_timeout_s
@@ -165,7 +166,10 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
                           metrics_lag_s=on.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
                           tokenizer=on.tokenizer, isolate=True, seed=seed,
-                          balance_policy=spec.validation.balance)
+                          balance_policy=spec.validation.balance,
+                          metrics_source=PrometheusSource(spec.metrics.prometheus_url, on.prometheus_labels,
+                                                          on.prometheus_phase_label, on.metrics_lag_s)
+                          if spec.metrics.prometheus_url else None)
         if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from validation.cost import bench_cost
             bench.cost = bench_cost(bench, spec, rendered)

@@ -43,6 +43,10 @@ class Endpoint(BaseModel):
     # Per phase ("prefill", "decode"): the label selection of that phase's engines, where known.
     metrics_phases: dict[str, dict[str, list[str]]] = {}
     metrics_lag_s: float = 0.0       # how stale metrics_url can be (Ray exports every 10 s)
+    # The labels selecting this slot's engines in the environment's Prometheus (spec `metrics.prometheus_url`,
+    # validation/prometheus.py) as the PodMonitor's relabelling sets them, and the label naming each one's phase.
+    prometheus_labels: dict[str, str] = {}
+    prometheus_phase_label: str | None = None
     # The served model's tokenizer as a local HF directory, where the target has it: the benchmark
     # then sends prompts of the profile's exact token count (without it, ~2x with the tiny model).
     tokenizer: str | None = None

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION, RELEASE_LABEL, REVISION_ANNOTATION
+from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION, PHASE_LABEL, RELEASE_LABEL, REVISION_ANNOTATION
 from workflows.targets.base import ReleaseRecord, TargetError
 from workflows.targets.kube.api import KINDS
 
@@ -119,10 +119,9 @@ def release_objects(record: ReleaseRecord, namespace: str) -> list[dict[str, Any
                 meta_of_pods.setdefault("labels", {})[COLOUR_LABEL] = colour
         elif obj["kind"] == "PodDisruptionBudget":
             obj = _pdb(obj, colour, pods)
-        elif obj["kind"] == "PodMonitor":
+        elif obj["kind"] == "PodMonitor":   # colour and phase select a slot's engines in Prometheus (traffic.py)
             labels = obj["spec"].setdefault("podTargetLabels", [])
-            if COLOUR_LABEL not in labels:
-                labels.append(COLOUR_LABEL)
+            labels += [label for label in (COLOUR_LABEL, PHASE_LABEL) if label not in labels]
         elif obj["kind"] not in SHARED_KINDS:
             continue
         out.append(obj)

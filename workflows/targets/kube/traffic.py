@@ -13,6 +13,7 @@ then delete the old colour. Deleting at once cuts in-flight streams.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -61,21 +62,31 @@ def engine_replicas(metrics_url: str | None, timeout_s: float = 2.0) -> dict[str
     return {phase: {"ReplicaId": sorted(ids)} for phase, ids in out.items() if ids}
 
 
+def prom_label(name: str) -> str:
+    """A pod label as the PodMonitor's podTargetLabels put it on every series: prometheus-operator
+    (pkg/prometheus/promcfg.go, generatePodMonitorConfig) relabels `__meta_kubernetes_pod_label_<l>`
+    to sanitizeLabelName(l), every character outside [a-zA-Z0-9_] made `_`."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
 def endpoint(kube: Kube, slot: str, record: ReleaseRecord, lag_s: float) -> Endpoint:
     ns = kube.namespace
     metrics = worker_metrics(kube, record)
     phases = engine_replicas(metrics)
+    # in Prometheus: this colour's pods (objects.release_objects adds both labels to podTargetLabels)
+    prom = {"prometheus_labels": {"namespace": ns, prom_label(COLOUR_LABEL): record.colour},
+            "prometheus_phase_label": prom_label(PHASE_LABEL)}
     if slot == "stable":
         service = obj.only(record, "Service")
         port = (service["spec"].get("ports") or [{"port": 8000}])[0]["port"]
         return Endpoint(base_url=f"http://{service['metadata']['name']}.{ns}.svc.cluster.local:{port}/v1",
-                        metrics_url=metrics, metrics_phases=phases, metrics_lag_s=lag_s)
+                        metrics_url=metrics, metrics_phases=phases, metrics_lag_s=lag_s, **prom)
     # KubeRay names a RayService's serve Service <name>-serve-svc (utils.GenerateServeServiceName).
     rayservice = obj.only(record, "RayService")
     containers = rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"]
     port = next((p["containerPort"] for p in containers[0].get("ports") or [] if p.get("name") == "serve"), 8000)
     return Endpoint(base_url=f"http://{obj.rs_name(record)}-serve-svc.{ns}.svc.cluster.local:{port}/v1",
-                    metrics_url=metrics, metrics_phases=phases, metrics_lag_s=lag_s)
+                    metrics_url=metrics, metrics_phases=phases, metrics_lag_s=lag_s, **prom)
 
 
 def endpoint_colours(kube: Kube, service: str) -> tuple[set[str], int]:
