@@ -83,13 +83,11 @@ def loads_check(benches: Sequence[BenchReport], planned: Sequence[LoadProfile]) 
                  limit=sum(want.values()), message=msg)
 
 
-def input_checks(benches: Sequence[BenchReport], baselines: Sequence[BenchReport]) -> list[Check]:
+def input_checks(labelled: Sequence[tuple[str, list[gate_inputs.Problem]]]) -> list[Check]:
     """`report_input`: one failing check per defect that makes a report unjudgeable
     (validation/gate_inputs.py), naming the run, the field and the fix."""
-    runs = [(bench_label(b, i), b) for i, b in enumerate(benches)]
-    runs += [(f"baseline {bench_label(b, k)}", b) for k, b in enumerate(baselines)]
     return [Check(check="report_input", ok=False, bench=lab, verdict="fail", message=f"{lab}: {p.render()}")
-            for lab, b in runs for p in gate_inputs.problems(b)]
+            for lab, problems in labelled for p in problems]
 
 
 def no_baseline(vs: VsStable, lab: str | None, why: str) -> Check:
@@ -165,9 +163,14 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
         add("bench", False, "no benchmark reports")
     if planned is not None:
         checks.append(loads_check(benches, planned))
+    # each report's input problems, found once: they fail `report_input`, keep the report from judgement,
+    # and an invalid baseline is compared with nothing
     invalid = [gate_inputs.problems(b) for b in benches]
-    baselines = [s for s in stable or [] if not gate_inputs.problems(s)]   # an invalid one compares with nothing
-    checks += input_checks(benches, stable or [])
+    stable_invalid = [gate_inputs.problems(s) for s in stable or []]
+    baselines = [s for s, bad in zip(stable or [], stable_invalid, strict=True) if not bad]
+    checks += input_checks([(bench_label(b, i), bad) for i, (b, bad) in enumerate(zip(benches, invalid, strict=True))]
+                           + [(f"baseline {bench_label(s, k)}", bad)
+                              for k, (s, bad) in enumerate(zip(stable or [], stable_invalid, strict=True))])
 
     if golden is not None:
         bad = [c for c in golden.cases if not c.ok]
