@@ -136,6 +136,9 @@ class Samples(ReportModel):
     # error counts (validation/error_rates.py) are recomputed from these when present
     outcomes: list[int] | None = None
     outcome_block: list[int] | None = None    # each outcome's block (interleaved runs), aligned with outcomes
+    # each successful request's block (interleaved runs), aligned with ttft/tpot/itl_counts/itl_means:
+    # the gate pairs candidate block k with baseline block k (validation/judge.py); None = one block
+    block: list[int] | None = None
 
 
 class GoodputSlo(ReportModel):
