@@ -2,7 +2,8 @@
 #   make release   the main job on the embedded default (overlays/local)
 #   make test      the test suite (what CI runs via .ci/run)
 #   make lint      ruff and mypy over workflows/ and validation/ (CI runs it before the tests)
-.PHONY: setup release lint test test-e2e test-faults bench-render
+#   make docs      the manual: generated pages current, then `mkdocs build --strict` into build/site
+.PHONY: setup release lint docs test test-e2e test-faults bench-render
 
 setup:
 	bash scripts/setup.sh
@@ -14,6 +15,13 @@ release: setup
 lint: setup
 	.venv/bin/ruff check
 	.venv/bin/mypy
+
+# The manual (docs/, mkdocs.yml). Seconds: CI runs it before the tests. --strict fails on a broken link,
+# a missing anchor or a page left out of nav; gen_docs --check on a stale CLI or schema page.
+# NO_MKDOCS_2_WARNING: Material 9.8 prints a banner about its successor on every build.
+docs: setup
+	.venv/bin/python scripts/gen_docs.py --check
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 
 test: setup
 	.venv/bin/python -m pytest -q
