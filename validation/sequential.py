@@ -7,6 +7,8 @@ not open-ended: the last one's inconclusive checks fail.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from validation import metrics
 from validation.reports.bench import BenchReport, KvEvidence, Quantiles, Samples
 
@@ -14,6 +16,10 @@ from validation.reports.bench import BenchReport, KvEvidence, Quantiles, Samples
 def _add(x: float | None, y: float | None) -> float | None:
     """A sum of two runs' figures; null when either run lacks it (a half-known total is not a total)."""
     return None if x is None or y is None else x + y
+
+
+def _both(x: list[Any] | None, y: list[Any] | None) -> list[Any] | None:
+    return x + y if x is not None and y is not None else None
 
 
 def _look(b: BenchReport) -> dict[str, object]:
@@ -31,7 +37,11 @@ def merge_bench(a: BenchReport, b: BenchReport) -> BenchReport:
                       itl=(sa.itl or []) + (sb.itl or []), itl_counts=(sa.itl_counts or []) + (sb.itl_counts or []),
                       # per-request outcomes only when both runs have them (else the summed counts are the truth)
                       outcomes=sa.outcomes + sb.outcomes if sa.outcomes is not None and sb.outcomes is not None
-                      else None)
+                      else None,
+                      # block ids (the gate's pairs, validation/judge.py) only when both runs have them
+                      block=_both(sa.block, sb.block),
+                      outcome_block=_both(sa.outcome_block, sb.outcome_block),
+                      itl_means=_both(sa.itl_means, sb.itl_means))
     out = b.model_copy(deep=True)
     out.samples = samples
     total, errors = _add(a.requests_total, b.requests_total), _add(a.errors, b.errors)

@@ -185,6 +185,7 @@ def test_pairwise_difference_selection_by_bisection_is_exact():
 
 def test_too_few_samples_have_no_bounds_and_the_decision_is_strict_json():
     import json
+
     from validation.config import PrefillSLO
     cand, st = _release(2, 1.0, same=True)
     d = decide(COMPAT_OK, [cand], SLO(kv_transfer="ignored", vs_stable=VS, prefill=PrefillSLO(ttft_p90_ms=1e4)), [st])
@@ -196,6 +197,7 @@ def test_too_few_samples_have_no_bounds_and_the_decision_is_strict_json():
 
 def test_baseline_keeps_what_the_rank_tests_read_and_stays_small():
     import json
+
     from validation import verdicts
     rng = np.random.default_rng(9)
     n, gaps = 500, 63
@@ -210,3 +212,88 @@ def test_baseline_keeps_what_the_rank_tests_read_and_stays_small():
     d = decide(COMPAT_OK, [b], SLO(kv_transfer="ignored", vs_stable=VsStable(itl_p90=1.1)), [base])
     itl_check = next(c for c in d.checks if c.check == "vs_stable_itl_p90")
     assert itl_check.verdict == "pass" and "n=500/300" in itl_check.message
+
+
+# ---- block-level statistics (issue 21): known distributions with per-block noise and queueing correlation ----
+def world(rng, reps, k, n=50, noise=0.05, phi=0.6, sd=0.3, scale=1.0):
+    """Runs (reps) x k blocks x n requests of lognormal latency (median 100 ms, log sd 0.3): each block its
+    own 5 % scale (a slower minute, a noisy neighbour), consecutive requests of a block AR(1)-correlated
+    with phi 0.6 (they share the queue). The marginal log sd is sqrt(0.05^2 + 0.3^2)."""
+    e = rng.normal(0, sd * math.sqrt(1 - phi ** 2), (reps, k, n))
+    x = np.empty_like(e)
+    x[..., 0] = rng.normal(0, sd, (reps, k))
+    for i in range(1, n):
+        x[..., i] = phi * x[..., i - 1] + e[..., i]
+    return 100 * scale * np.exp(rng.normal(0, noise, (reps, k, 1)) + x)
+
+
+def test_student_t_quantiles_match_published_tables():
+    # any t table (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2): t(0.975, 1) = 12.706, t(0.975, 3) = 3.182,
+    # t(0.95, 31) = 1.696, t(0.995, 10) = 3.169; a large df is the normal's
+    assert stats.t_of(0.975, 1) == pytest.approx(12.7062047, abs=1e-6)
+    assert stats.t_of(0.975, 3) == pytest.approx(3.1824463, abs=1e-6)
+    assert stats.t_of(0.95, 31) == pytest.approx(1.6955188, abs=1e-6)
+    assert stats.t_of(0.995, 10) == pytest.approx(3.1692727, abs=1e-6)
+    assert stats.t_of(0.975, 20_000) == pytest.approx(1.959964, abs=1e-5)
+    assert stats.t_of(0.025, 3) == -stats.t_of(0.975, 3)
+
+
+@pytest.mark.parametrize("k", [4, 8, 16, 32])
+def test_paired_ratio_interval_covers_at_every_number_of_pairs(k):
+    """The small-k correction t(k-1) * sqrt(k/(k-1)) on the bootstrap SE: a two-sided 95 % interval of the
+    A/A log ratio covers 0 in 95 % of runs (measured 94.9/94.8/95.1/96.1 % at 4/8/16/32 pairs with 800
+    runs; pinned within Monte Carlo error of 1000 runs). The normal quantile on the bootstrap SE alone
+    under-covers at few pairs (81 % at 4)."""
+    rng = np.random.default_rng(100 + k)
+    c, b = world(rng, 1000, k), world(rng, 1000, k)
+    hit = naive = 0
+    for i in range(1000):
+        r = stats.paired_quantile_ratio(c[i], b[i], 0.9)
+        lo, up = r.bounds(0.975, 0.975)
+        hit += lo <= 1 <= up
+        naive += abs(math.log(r.estimate)) <= stats.z_of(0.975) * r.log_se
+    assert 0.93 <= hit / 1000 <= 0.97, hit / 1000
+    if k == 4:
+        assert naive / 1000 < 0.88, naive / 1000
+
+
+def test_paired_ratio_compares_the_named_quantile_a_p90_only_regression_is_caught():
+    """A candidate whose slow half is stretched (log deviation above the median x1.36: p90 +15 %, median
+    unchanged): the p90 ratio sees it, the median's does not; an A/A is not flagged."""
+    rng = np.random.default_rng(21)
+    c, b = world(rng, 1, 32, n=100)[0], world(rng, 1, 32, n=100)[0]
+    s = math.log(1.15) / (stats.z_of(0.9) * math.sqrt(0.05 ** 2 + 0.3 ** 2))
+    slow = np.where(c > 100, 100 * (c / 100) ** (1 + s), c)
+    p90, p50 = stats.paired_quantile_ratio(slow, b, 0.9), stats.paired_quantile_ratio(slow, b, 0.5)
+    assert p90.bounds(0.99, 0.99)[0] > 1.05 and 1.1 < p90.estimate < 1.25, (p90.estimate, p90.bounds(0.99, 0.99))
+    lo, up = p50.bounds(0.99, 0.99)
+    assert lo < 1 < up
+    same = stats.paired_quantile_ratio(c, b, 0.9)
+    lo, up = same.bounds(0.99, 0.99)
+    assert lo < 1 < up
+
+
+def test_one_block_pair_has_no_interval():
+    r = stats.paired_quantile_ratio([[100.0, 120.0, 130.0]], [[90.0, 100.0, 110.0]], 0.9)
+    assert r.pairs == 1 and math.isinf(r.log_se) and r.bounds(0.95, 0.95) == (0.0, math.inf)
+
+
+def test_block_quantile_interval_covers_where_the_iid_one_does_not():
+    """Absolute SLO on a p90 of correlated requests: blocks as clusters keep the coverage (measured
+    94-96 %), and so do consecutive batches of a run without blocks; the order-statistic interval that
+    assumes independent requests covers 75-81 % (issue 21 measured 53 % in a queueing model)."""
+    rng = np.random.default_rng(5)
+    true = 100 * math.exp(stats.z_of(0.9) * math.sqrt(0.05 ** 2 + 0.3 ** 2))
+    runs = world(rng, 500, 16)
+    ids = np.repeat(np.arange(16), 50)
+    blocks = batched = iid = 0
+    for r in runs:
+        v = r.ravel()
+        lo, up = stats.quantile_ci_blocks(v, ids, 0.9).bounds(0.975, 0.975)
+        blocks += lo <= true <= up
+        lo, up = stats.quantile_ci_blocks(v, stats.batches(len(v)), 0.9).bounds(0.975, 0.975)
+        batched += lo <= true <= up
+        ci = stats.quantile_ci(v, 0.9, 0.975)
+        iid += ci.lower <= true <= ci.upper
+    assert 0.92 <= blocks / 500 <= 0.98 and 0.92 <= batched / 500 <= 0.98, (blocks, batched)
+    assert iid / 500 < 0.87, iid / 500
