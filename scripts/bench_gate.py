@@ -10,7 +10,7 @@ a served request to the gate is the same. Each release is judged by `validation.
 "old" on the bench reports without per-request samples (the point-estimate path, exactly the gate
 before intervals: candidate p90 <= factor x stable p90), "new" on the same reports with them.
 
-    .venv/bin/python scripts/bench_gate.py                      # the README table
+    .venv/bin/python scripts/bench_gate.py                      # the table in docs/measurements.md
     .venv/bin/python scripts/bench_gate.py --ttft-spread 0.5 --requests 128 500 --releases 200
 """
 from __future__ import annotations

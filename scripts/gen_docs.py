@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Generates the parts of the manual that code already knows, so they cannot drift from it:
+"""Generates the parts of the manual that code already knows, so they cannot drift from it.
 
   docs/cli.md            every `pdops` command and subcommand with its --help, from the argparse
                          parsers themselves (workflows.cli.build_parser, the parser `pdops` runs)
@@ -46,7 +46,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
 
 def _command_sections(parser: argparse.ArgumentParser, level: int = 2) -> list[str]:
     out = []
-    for name, summary, sub in _subcommands(parser):
+    for _name, summary, sub in _subcommands(parser):
         out.append(f"{'#' * level} {sub.prog}\n")
         if summary:
             out.append(f"{summary[0].upper()}{summary[1:]}.\n" if not summary.endswith(".") else f"{summary}\n")

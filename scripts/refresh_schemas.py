@@ -10,7 +10,7 @@ what was fetched so a review (or CI) can tell an edited copy from the upstream o
   python scripts/refresh_schemas.py --source-root DIR   # copy from local checkouts DIR/<repo name> at the tags
 
 To move to a new tag: edit SOURCES (folder name carries the tag), run without --verify, commit the
-new folder and SHA256SUMS, remove the old folder, and update the README table.
+new folder and SHA256SUMS, remove the old folder, and update the table in workflows/data/schemas/README.md.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Phase balance: which side of a P/D release queues in a benchmark run, and by how much to grow it.
 
-The rule (README "Phase balance"), after NVIDIA Dynamo's planners:
+The rule (docs/adoption.md#phase-balance), after NVIDIA Dynamo's planners:
   waiting/engine = requests waiting for capacity on the phase's engines, time-averaged over the run
                    (sampled gauges; without 2 samples in the window, Little's law on the queue-time
                    histogram: summed queue time / window), divided by the phase's engines

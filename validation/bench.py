@@ -107,7 +107,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
         out["balance"] = balance.judge(phases, balance_policy).model_dump(mode="json")
     if keep_samples:
         out["samples"] = metrics.samples(res["records"])
-    # why a figure is null (README "Reports"): the producer knows best; BenchReport fills the rest
+    # why a figure is null (docs/reports.md): the producer knows best; BenchReport fills the rest
     missing = out["missing"]
     if server is None:
         missing["server"] = "no metrics URL given: the server's metrics were not scraped"

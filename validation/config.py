@@ -62,7 +62,7 @@ class VsStable(_Strict):
 
 
 class Statistics(_Strict):
-    """How sure the gate must be (validation/stats.py, README "A gate that knows how sure it is").
+    """How sure the gate must be (validation/stats.py, docs/gate.md#a-gate-that-knows-how-sure-it-is).
 
     Every latency check is pass (proven within its limit at `confidence`), fail (proven beyond it)
     or inconclusive. `inconclusive` says what an unproven check does: fail (roll back); extend (run
@@ -116,7 +116,7 @@ class LoadProfile(_Strict):
     rate: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     # 300: the fewest with which the gate can prove anything by default. A p99 has an upper bound at
     # 95% only from 299 requests; an unchanged candidate is rolled back by vs_stable 1.1x (TTFT spread
-    # 0.3) in 4.6% of releases at 300, 17% at 200 (scripts/bench_gate.py, README table).
+    # 0.3) in 4.6% of releases at 300, 17% at 200 (scripts/bench_gate.py, docs/measurements.md).
     requests: Annotated[int, Field(gt=0, le=1_000_000)] | None = 300
     duration_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] | None = None
     warmup_requests: int = Field(2, ge=0, le=10_000)
@@ -150,7 +150,7 @@ RepoFile = Annotated[str, Field(min_length=1, max_length=300, pattern=r"^[A-Za-z
 
 
 class BalancePolicy(_Strict):
-    """Phase balance (validation/balance.py, README "Phase balance"): when a phase counts as queueing,
+    """Phase balance (validation/balance.py, docs/adoption.md#phase-balance): when a phase counts as queueing,
     and whether an imbalance blocks. Defaults are NVIDIA Dynamo's load-based planner's scale-up
     thresholds (components/planner/src/dynamo/planner/defaults.py LoadPlannerDefaults)."""
 

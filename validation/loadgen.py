@@ -170,7 +170,7 @@ def machine_context() -> dict:
 def summarize_health(lags_ms: list[float], cpu: list[float], machine: dict | None = None) -> dict:
     lags = sorted(lags_ms)
 
-    # No sample is null (README "Reports"), not a healthy-looking 0
+    # No sample is null (docs/reports.md), not a healthy-looking 0
     def q(p: float) -> float | None:
         if not lags:
             return None

@@ -82,7 +82,7 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
     prompts = [int(r["usage"]["prompt_tokens"]) for r in ok
                if isinstance(r.get("usage"), dict) and isinstance(r["usage"].get("prompt_tokens"), int)]
     tok_per_chunk = [p["tokens"] / p["chunks"] for p in pr if p["tokens"] and p["chunks"]]
-    # Not measured is null with a reason (README "Reports"), never 0: a run of no requests has no
+    # Not measured is null with a reason (docs/reports.md), never 0: a run of no requests has no
     # error rate, and one of no wall time no throughput.
     rate = (lambda n: n / wall_s) if wall_s > 0 else (lambda n: None)
     missing: dict[str, str] = {}

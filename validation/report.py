@@ -57,7 +57,7 @@ def markdown(decision: Decision, compat: CompatReport | None, benches: list[Benc
             why += [f"- {bench_label(b, i)}: `{path}` is null: {reason}" for path, reason in items[:MISSING_SHOWN]]
             if len(items) > MISSING_SHOWN:
                 why.append(f"- {bench_label(b, i)}: {len(items) - MISSING_SHOWN} more in its JSON's `missing`")
-        if why:   # README "Reports": a missing figure is null with a reason, shown here instead of a 0
+        if why:   # docs/reports.md: a missing figure is null with a reason, shown here instead of a 0
             lines += ["Not measured (– above):", "", *why, ""]
         sbs = [(bench_label(b, i), r) for i, b in enumerate(benches) for r in side_by_side(b)]
         if sbs:

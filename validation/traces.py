@@ -64,7 +64,8 @@ def _detect(file: Path, first: str) -> str:
         return "mooncake" if "input_length" in keys else "jsonl"
     if "ContextTokens" in first:
         return "azure"
-    raise InputError(file, "line 1", "not a trace this reader knows", f"use one of {', '.join(FORMATS[1:])} (README)")
+    raise InputError(file, "line 1", "not a trace this reader knows",
+                     f"use one of {', '.join(FORMATS[1:])} (docs/adoption.md#your-own-traffic)")
 
 
 def _rows(file: Path, fmt: str) -> list[tuple[float, int, int]]:

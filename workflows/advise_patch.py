@@ -86,9 +86,9 @@ def _node_group_edits(overlay: Path, rendered: Rendered, c: PhaseChange, files: 
                          f"group {c.group!r}",
                          f"add the {c.group} group's replicas to a patch of the overlay by hand")
     name = ((rendered.rayservice or {}).get("metadata") or {}).get("name", "pd-llm")
-    text = files.get(path) or ("# Worker pods per phase for the replicas release.yaml asks (pdops advise; README "
-                               f"\"Phase balance\").\napiVersion: ray.io/v1\nkind: RayService\nmetadata:\n"
-                               f"  name: {name}\n"
+    text = files.get(path) or ("# Worker pods per phase for the replicas release.yaml asks (pdops advise; "
+                               "docs/adoption.md#phase-balance).\n"
+                               f"apiVersion: ray.io/v1\nkind: RayService\nmetadata:\n  name: {name}\n"
                                "spec:\n  rayClusterConfig:\n    workerGroupSpecs:\n")
     text += f"      - groupName: {c.group}\n" + "".join(f"        {k}: {c.pods[1]}\n" for k in keys)
     files[path] = text

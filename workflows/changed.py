@@ -4,7 +4,7 @@ pre-commit hook in .pre-commit-hooks.yaml passes the files a commit touches).
   a file under kustomize/            every overlay (bases, components and the shared merge-key schema)
   a file in overlays/NAME/           overlay NAME
   any file an overlay's kustomizations name (another overlay's patch, say)   that overlay too
-  anything else (README, code)       no overlay
+  anything else (README.md, code)    no overlay
 """
 from __future__ import annotations
 

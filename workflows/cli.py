@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", help="a rendered manifest file, '-' for stdin")
     p.add_argument("--json", action="store_true", help="machine-readable findings on stdout")
     p.add_argument("--changed", nargs="*", metavar="FILE",
-                   help="check every overlay these changed files affect (the pre-commit hook; README: Pre-commit hook)")
+                   help="check every overlay these changed files affect (the pre-commit hook; "
+                   "docs/pipeline.md#pre-commit-hook)")
     schema_flag(p)
     p.set_defaults(func=cmd_check)
 

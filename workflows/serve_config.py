@@ -185,7 +185,7 @@ def validate_with_ray(serve_config: dict[str, Any], file: str) -> None:
     if not verdict.valid:
         field = "serveConfigV2.applications[0].args." + ".".join(str(p) for p in verdict.loc)
         raise InputError(file, field, f"rejected by Ray Serve LLM's PDServingArgs: {verdict.msg}",
-                         "fix the release spec field that produces it (README: Release spec)")
+                         "fix the release spec field that produces it (docs/release-spec.md)")
 
 
 # ---- the single-engine reference (golden tokens, `pdops diff`) --------------------------------------

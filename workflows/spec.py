@@ -199,7 +199,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 def parse_spec(data: Any, file: str | os.PathLike[str]) -> ReleaseSpec:
     if not isinstance(data, dict):
         raise InputError(file, "", f"expected a mapping at the top level, got {type(data).__name__}",
-                         "start the file with `name:` and `model:` (see README: Release spec)")
+                         "start the file with `name:` and `model:` (see docs/release-spec.md)")
     try:
         return ReleaseSpec.model_validate(data)
     except ValidationError as exc:
@@ -208,11 +208,11 @@ def parse_spec(data: Any, file: str | os.PathLike[str]) -> ReleaseSpec:
         field = _field_path(err["loc"])
         if err["type"] == "extra_forbidden":
             problem = "unknown field" + more
-            fix = "remove it or fix its spelling (README: Release spec lists every field)"
+            fix = "remove it or fix its spelling (docs/release-spec.md lists every field)"
         elif err["type"] == "missing":
-            problem, fix = "required field is missing" + more, "add it (README: Release spec)"
+            problem, fix = "required field is missing" + more, "add it (docs/release-spec.md)"
         else:
-            problem, fix = err["msg"] + more, "correct the value (README: Release spec)"
+            problem, fix = err["msg"] + more, "correct the value (docs/release-spec.md)"
         raise InputError(file, field, problem, fix) from None
 
 

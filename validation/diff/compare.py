@@ -13,7 +13,7 @@ from typing import Any
 from validation.diff.models import Answer, Choice, Side
 
 # Logprobs are floats computed by different engines (prefill's KV, decode's step): equal within
-# this. Measured on the tiny CPU model, P/D vs one engine: see README (Differential suite).
+# this. Measured on the tiny CPU model, P/D vs one engine: see docs/diff.md.
 LOGPROB_TOL = 1e-3
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 

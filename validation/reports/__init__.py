@@ -1,4 +1,4 @@
-"""Typed reports: what compat, bench, diff, the gate and a release write (README "Reports").
+"""Typed reports: what compat, bench, diff, the gate and a release write (docs/reports.md).
 
 Producers build these models and write their JSON; consumers read attributes. The JSON Schemas in
 validation/schemas/ are generated from them (`pdops schema`)."""

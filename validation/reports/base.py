@@ -1,6 +1,6 @@
 """What every report model shares: lenient reading, strict-JSON writing, and the null-with-reason rule.
 
-The rule (README "Reports"): a figure that was not measured is `null`, never `0`, and the report's
+The rule (docs/reports.md): a figure that was not measured is `null`, never `0`, and the report's
 `missing` map says why, keyed by the field's dotted path (`"server"`, `"ttft_ms"`, `"error_rate"`).
 A reason on a prefix covers everything under it (`"server"` covers `server.kv.nixl_failed_transfers`).
 `explain_nulls` fills a generic reason for any null the producer did not explain, so the rule holds

@@ -240,8 +240,8 @@ class KubernetesTarget(Slots, ref.References):
             if getattr(exc, "status", None) != 403:
                 raise
             progress(f"[{step}] capacity check skipped: listing nodes and pods cluster-wide is forbidden (the "
-                     "pd-release Role is namespaced). Bind the ClusterRole `pdops-node-reader` (README, Install on "
-                     "EKS) to enable the check")
+                     "pd-release Role is namespaced). Bind the ClusterRole `pdops-node-reader` "
+                     "(docs/kubernetes.md#install-on-eks, step 7) to enable the check")
             return []
         placed, short = place(wanted, nodes, pods)
         for line in placed:
