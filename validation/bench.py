@@ -24,7 +24,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
               timeout: float = 600.0, metrics_lag_s: float = 0.0, trace: traces.Trace | None = None,
               isolate: bool = False, balance_policy: BalancePolicy | None = None,
               sample_interval_s: float | None = None,
-              metrics_source: server_metrics.MetricsSource | None = None) -> BenchReport:
+              metrics_source: server_metrics.MetricsSource | None = None, ramp_s: float = 0.0) -> BenchReport:
     """`tokenizer`: a local HF tokenizer directory of the served model, for exact prompt lengths.
     `metrics_lag_s`: how stale `metrics_url` can be (server_metrics.RAY_METRICS_LAG_S for Ray).
     `trace`: replay its arrivals and lengths (open loop) instead of the profile at a load.
@@ -35,7 +35,8 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
     `sample_interval_s` (default: 1 s, a quarter of `metrics_lag_s` when that is longer).
     `metrics_source`: where the server figures come from instead of the direct scrape's diff (a
     Prometheus that scrapes the engines, validation/prometheus.py); the gauges of the phase balance
-    still come from `metrics_url`."""
+    still come from `metrics_url`.
+    `ramp_s`: the load rises over this many seconds instead of starting as a burst (validation/loadgen.py)."""
     if trace is not None:
         concurrency, rate, duration, requests = None, None, None, len(trace.requests)
     elif requests is None and duration is None:
@@ -50,7 +51,7 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
                             concurrency=concurrency, rate=rate, poisson=poisson, requests=requests,
                             duration=duration, warmup=warmup, api_key=api_key, seed=seed,
                             progress=progress is not None, timeout=timeout,
-                            arrivals=trace.arrivals if trace else None)
+                            arrivals=trace.arrivals if trace else None, ramp_s=0.0 if trace else ramp_s)
     scraper = server_metrics.Scraper(metrics_url, metrics_select, metrics_phases, metrics_lag_s)
     if progress:
         load = (f"trace {trace.name} ({trace.arrivals[-1]:.0f} s)" if trace else
@@ -95,7 +96,8 @@ def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency:
                          "distribution": profile.distribution, "spread": profile.spread},
         "load": {"mode": res["mode"], "concurrency": concurrency, "rate": rate, "poisson": poisson,
                  "requests": requests, "duration_s": duration, "warmup": warmup,
-                 "workers": workers, "trace": trace.name if trace else None},
+                 "workers": workers, "trace": trace.name if trace else None,
+                 "ramp_s": None if trace else ramp_s},
         "started_unix": started,
         **m,
         "client_health": res["client_health"],

@@ -121,7 +121,7 @@ def cmd_bench(args) -> int:
                     metrics_url=args.metrics_url, api_key=api_key, endpoint=args.endpoint,
                     goodput_ttft_ms=args.goodput_ttft_ms, goodput_tpot_ms=args.goodput_tpot_ms,
                     seed=args.seed, workers=args.workers, progress=_err, tokenizer=args.tokenizer,
-                    metrics_lag_s=args.metrics_lag_s)
+                    metrics_lag_s=args.metrics_lag_s, ramp_s=args.ramp_s)
     print(f"profile {res.profile}  load {res.load.mode} "
           f"{'c=' + str(args.concurrency) if args.concurrency else f'rate={args.rate}/s'}  "
           f"ok {res.requests_ok}  errors {res.errors}  wall {_fmt(res.wall_s)}s")
@@ -355,6 +355,8 @@ def register(sub) -> None:
     g.add_argument("--concurrency", type=_positive_int, help="closed loop with this many in flight")
     g.add_argument("--rate", type=_positive, help="open loop at this many requests/s")
     p.add_argument("--poisson", action="store_true", help="Poisson arrivals for --rate")
+    p.add_argument("--ramp-s", type=_nonnegative, default=0.0,
+                   help="the load rises over this many seconds instead of starting as a burst")
     p.add_argument("--requests", type=_positive_int)
     p.add_argument("--duration", type=_positive, help="seconds")
     p.add_argument("--warmup", type=_count, default=0)

@@ -48,7 +48,7 @@ class VsStable(_Strict):
     # $ per 1,000 requests (validation/cost.py) at most this factor times the stable release's.
     cost: Factor | None = None
     # live: when the stable slot serves during the release, measure it under the same loads,
-    # interleaved with the candidate in `blocks` blocks per side (C S S C ...; validation/interleave.py),
+    # in `blocks` block pairs with the candidate, seeded random order per pair (validation/interleave.py),
     # so drift over days and over minutes hits both sides; the recorded baseline (kept at promote)
     # is used only when stable does not serve. recorded: always the baseline (half the load time).
     measure: Literal["live", "recorded"] = "live"
@@ -112,8 +112,15 @@ class LoadProfile(_Strict):
     of the team's own traffic replayed (validation/traces.py) with its own arrivals and lengths."""
 
     profile: Name = "balanced"
+    # closed loop: this many requests in flight. Open loop: `rate` requests/s sent on schedule whatever
+    # the server's speed (rate wins over concurrency), Poisson arrivals unless `arrival: uniform`;
+    # latency is then also measured from each request's scheduled send (coordinated omission)
     concurrency: Annotated[int, Field(gt=0, le=4096)] | None = 4
     rate: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
+    arrival: Literal["poisson", "uniform"] = "poisson"
+    # the load rises over this many seconds at the start of the run and of each interleaved block
+    # instead of starting as a burst (validation/loadgen.py, validation/interleave.py); 0: a burst
+    ramp_s: Annotated[float, Field(ge=0, le=3_600, allow_inf_nan=False)] = 1.0
     # 300: the fewest with which the gate can prove anything by default. A p99 has an upper bound at
     # 95% only from 299 requests; an unchanged candidate is rolled back by vs_stable 1.1x (TTFT spread
     # 0.3) in 4.6% of releases at 300, 17% at 200 (scripts/bench_gate.py, docs/measurements.md).

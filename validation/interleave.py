@@ -1,37 +1,106 @@
-"""Candidate and stable measured in the same release, interleaved (issue 15, `slo.vs_stable.measure: live`).
+"""Candidate and baseline measured in the same release, in paired blocks (issue 21, `slo.vs_stable.measure: live`).
 
-A baseline recorded when the stable release was promoted was measured on another day: whatever
-drifted since (a noisy neighbour, a driver, thermal throttling, this CPU machine's other jobs) shows
-up as a candidate regression or hides one. Measuring stable in the same release removes the days
-between; interleaving removes the minutes: each load runs in `blocks` blocks in the order
-C S S C C S S C ... (ABBA, the classic counterbalanced design), so a drift that is linear in time over
-the load adds the same to both sides' mean and cancels in the comparison, which a plain C-then-S
-(AB) order does not (there the whole drift lands on one side).
+Each choice of the design, and what it protects against:
 
-Both slots serve during a release (the local target's two Ray Serve apps, the Kubernetes target's
-two RayServices), and only one side is loaded at a time, so on one machine they do not compete for
-the cores. The per-request samples of each side's blocks are merged (validation/sequential.py
-`merge_bench`) into one run per side, which the gate's rank tests (validation/verdicts.py) compare.
+- **Like against like.** The other side is a *baseline*: the stable release deployed at the
+  candidate's size and given the same synthetic load in the same window (`Target.baseline_server`,
+  workflows/targets), never the user-facing slot: user traffic there slows stable and leans the
+  comparison toward the candidate. A baseline recorded on another day carries whatever drifted since.
+- **Paired blocks.** A load runs as `blocks` pairs; a pair is one candidate block and one baseline
+  block back to back with the same request count, prompts (one seed per pair) and load. Drift slower
+  than a pair (the machine's other jobs, heat, a neighbour) hits both blocks of the pair alike. Every
+  request carries its block (`Samples.block`, `Samples.outcome_block`) and the gate compares candidate
+  block k with baseline block k, so drift between pairs and the correlation of requests within a
+  block (shared queues and batches) are in the interval instead of assumed away.
+- **Seeded random order within each pair, balanced.** Which side goes first in a pair is drawn from a
+  recorded seed (`Interleaved.seed`: the order is reproducible): half the pairs start with each side
+  (an odd count: the last by a coin flip), shuffled. A fixed C S S C order is balanced but predictable:
+  a periodic disturbance in step with it (a cron job, an autoscaler tick) lands on one side.
+  Independent coin flips are unpredictable but, with 4 pairs, put one side first in every pair 1
+  time in 8, and an effect of going first (the second block runs on a machine the first has warmed)
+  then lands wholly on that side. The shuffled balanced order has neither fault: a linear drift and a
+  position effect cancel exactly, and nothing periodic can line up with it.
+- **Warm-up at every block.** Between its blocks a side sits idle while the other is loaded: caches,
+  the engine's scheduler and batch state, CPU frequency and the page cache go cold or belong to the
+  other side. Every block first sends the load's `warmup_requests` one at a time, excluded from every
+  figure (and sent before the server-metrics window opens), not only each side's first block.
+- **A ramp, not a burst.** Each block's load rises over the load's `ramp_s` (closed loop: the slots
+  start one by one; open loop: the rate rises linearly; validation/loadgen.py) instead of sending
+  `concurrency` requests at once. A burst makes the first wave prefill together (its TTFTs measure
+  that queue, not the steady state) and keeps equal-length requests in lockstep for the whole block
+  (a convoy whose decode batches are not the steady state's). Requests that start in the ramp are
+  MEASURED, not dropped: both blocks of a pair get the identical ramp, so its effect cancels in the
+  paired comparison; a block of the local overlay holds 4 requests, and dropping the ramp's would
+  leave almost nothing to compare; and an error in the ramp is an error a user would see, so it must
+  count. The price: absolute quantiles are slightly optimistic (ramp requests see less than the stated
+  concurrency), so ramp_s stays short against a block.
+- **Open loop beside the closed loop.** A load with `rate` sends on a Poisson (or uniform) schedule
+  whatever the server's speed, as users arrive; a closed loop slows its own arrivals when the server
+  slows, which hides part of a regression's queueing. Either, per load (release.yaml
+  `validation.load[].rate` / `arrival`; latency also from the scheduled send, against coordinated omission).
+- **Void pairs.** A block that cannot be measured fairly (the baseline received requests that were not
+  ours; the baseline went away) raises VoidBlock: its pair is dropped from both sides so the pairing
+  stays intact, and `Interleaved.void` says which and why. A block whose requests fail is not void:
+  errors are data, counted against their side. When every pair is void, AllVoid: nothing was compared.
+- A trace replays its own arrival times: one pair.
 """
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
+from functools import reduce
 from typing import Any, Literal
 
-from validation.reports.bench import BenchReport, Interleaved
+from validation.reports.bench import BenchReport, Interleaved, Quantiles, VoidPair
 from validation.sequential import merge_bench
 
 Side = Literal["candidate", "stable"]
+SIDES: tuple[Side, Side] = ("candidate", "stable")
 # run(side, requests, duration_s, warmup_requests, block) -> the bench of one block on that side
 RunBlock = Callable[[Side, int | None, float | None, int, int], BenchReport | dict[str, Any]]
 
 
-def order(blocks: int) -> list[Side]:
-    """C S S C C S S C ...: `blocks` blocks per side, each pair alternating which side goes first."""
-    out: list[Side] = []
-    for k in range(blocks):
-        out += ["candidate", "stable"] if k % 2 == 0 else ["stable", "candidate"]
-    return out
+class VoidBlock(Exception):
+    """Raised by a RunBlock: this block could not be measured fairly; its pair is dropped."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class AllVoid(Exception):
+    """Every pair was void: no comparison was made. `candidate`: the candidate's blocks that were
+    measured (unpaired, for the absolute SLOs), or None when none was."""
+
+    def __init__(self, void: list[VoidPair], candidate: BenchReport | None) -> None:
+        self.void, self.candidate = void, candidate
+        super().__init__("every block pair was void: " + "; ".join(f"pair {v.pair} {v.side}: {v.reason}"
+                                                                    for v in void))
+
+
+def other(side: Side) -> Side:
+    return "stable" if side == "candidate" else "candidate"
+
+
+def new_seed() -> int:
+    """A fresh seed for a release's order (recorded in the report, so the order can be replayed)."""
+    return random.SystemRandom().randrange(2**31)
+
+
+def order(pairs: int, seed: int) -> list[tuple[Side, Side]]:
+    """Each pair's two sides in the order they run: half the pairs start with each side (an odd
+    count: the last one by a coin flip), shuffled, all drawn from `seed`."""
+    rng = random.Random(seed)
+    firsts: list[Side] = ["candidate", "stable"] * (pairs // 2)
+    if pairs % 2:
+        firsts.append(rng.choice(SIDES))
+    rng.shuffle(firsts)
+    return [(f, other(f)) for f in firsts]
+
+
+def order_label(pairs: list[tuple[Side, Side]]) -> str:
+    """e.g. CSSCSCCS: C candidate, S stable (the baseline), pair by pair."""
+    return "".join("C" if s == "candidate" else "S" for pair in pairs for s in pair)
 
 
 def split(total: int, blocks: int) -> list[int]:
@@ -41,7 +110,7 @@ def split(total: int, blocks: int) -> list[int]:
 
 
 def effective_blocks(requests: int | None, blocks: int, trace: bool) -> int:
-    """A trace replays its own arrival times, so it is not cut: one block per side (C then S).
+    """A trace replays its own arrival times, so it is not cut: one block per side (one pair).
     A count load never gets blocks smaller than 2 requests (a block of one is all warm-up noise)."""
     if trace:
         return 1
@@ -50,22 +119,65 @@ def effective_blocks(requests: int | None, blocks: int, trace: bool) -> int:
     return blocks
 
 
+def labelled(bench: BenchReport, block: int) -> BenchReport:
+    """The bench with every successful request and every outcome labelled with `block`
+    (Samples.block aligned with ttft/itl_counts, Samples.outcome_block with outcomes)."""
+    s = bench.samples
+    if s is None:
+        return bench
+    ok = len(s.itl_counts) if s.itl_counts is not None else len(s.ttft or [])
+    s.block = [block] * ok
+    s.outcome_block = [block] * len(s.outcomes) if s.outcomes is not None else None
+    return bench
+
+
+def block_summary(bench: BenchReport, side: Side, block: int) -> dict[str, Any]:
+    q = lambda m: (getattr(bench, m) or Quantiles()).model_dump(mode="json")  # noqa: E731
+    return {"block": block, "side": side, "requests_ok": bench.requests_ok, "errors": bench.errors,
+            "wall_s": bench.wall_s, "ttft_ms": q("ttft_ms"), "tpot_ms": q("tpot_ms"), "itl_ms": q("itl_ms")}
+
+
+def merged(benches: list[BenchReport]) -> BenchReport:
+    """One side's kept blocks as one run (validation/sequential.py merge_bench; its `looks` are blocks here)."""
+    out = reduce(merge_bench, benches) if len(benches) > 1 else benches[0].model_copy(deep=True)
+    out.looks = None
+    return out
+
+
 def measure(run: RunBlock, requests: int | None, duration_s: float | None, warmup: int, blocks: int,
-            trace: bool = False) -> tuple[BenchReport, BenchReport]:
-    """One load on both sides, interleaved; the candidate's and the stable's merged benches.
-    Each side's first block gets the load's warm-up requests; later blocks none (already warm)."""
+            trace: bool = False, seed: int | None = None, first_block: int = 0) -> tuple[BenchReport, BenchReport]:
+    """One load on both sides in paired blocks (module docstring): the candidate's and the baseline's
+    merged benches, every request labelled with its block (first_block, first_block + 1, ...).
+    Every block gets the load's warm-up. Raises AllVoid when no pair could be measured."""
     n = effective_blocks(requests, blocks, trace)
+    seed = new_seed() if seed is None else seed
     sizes: list[int | None] = list(split(requests, n)) if requests is not None and not trace else [requests] * n
     durations = [duration_s / n if duration_s else None] * n
-    merged: dict[Side, BenchReport] = {}
-    seen = {"candidate": 0, "stable": 0}
-    for side in order(n):
-        k = seen[side]
-        seen[side] += 1
-        bench = BenchReport.coerce(run(side, sizes[k], durations[k], warmup if k == 0 else 0, k))
-        merged[side] = merge_bench(merged[side], bench) if side in merged else bench
-    label = "".join("C" if s == "candidate" else "S" for s in order(n))
-    for side in merged:   # merge_bench's `looks` are this side's blocks here, not sequential looks
-        per_block, merged[side].looks = merged[side].looks, None
-        merged[side].interleaved = Interleaved(blocks=n, order=label, per_block=per_block)
-    return merged["candidate"], merged["stable"]
+    pairs = order(n, seed)
+    kept: dict[Side, list[BenchReport]] = {"candidate": [], "stable": []}
+    summaries: dict[Side, list[dict[str, Any]]] = {"candidate": [], "stable": []}
+    void: list[VoidPair] = []
+    unpaired: list[BenchReport] = []   # candidate blocks whose baseline block was void
+    for k, pair in enumerate(pairs):
+        block = first_block + k
+        got: dict[Side, BenchReport] = {}
+        for side in pair:
+            try:
+                got[side] = labelled(BenchReport.coerce(run(side, sizes[k], durations[k], warmup, block)), block)
+            except VoidBlock as exc:   # the pair's other block, measured or not, goes too
+                void.append(VoidPair(pair=block, side=side, reason=exc.reason))
+                break
+        if len(got) < 2:
+            unpaired += [got["candidate"]] if "candidate" in got else []
+            continue
+        for side, bench in got.items():
+            kept[side].append(bench)
+            summaries[side].append(block_summary(bench, side, block))
+    if not kept["candidate"]:
+        raise AllVoid(void, merged(unpaired) if unpaired else None)
+    out: dict[Side, BenchReport] = {}
+    for side in SIDES:
+        out[side] = merged(kept[side])
+        out[side].interleaved = Interleaved(blocks=n, order=order_label(pairs), seed=seed, pairs=len(kept[side]),
+                                            first_block=first_block, void=void, per_block=summaries[side])
+    return out["candidate"], out["stable"]

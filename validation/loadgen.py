@@ -11,6 +11,12 @@ scheduled send, actual send, first byte, first SSE event, first non-empty conten
 every content chunk, last chunk, server usage. Closed loop (fixed concurrency) or open loop
 (constant / Poisson rate; latency also measured from the scheduled send). Warm-up requests are
 excluded. The client watches its own event-loop lag and CPU and flags `client_bottleneck`.
+
+`ramp_s` replaces the burst at the start of a run: closed loop, the concurrency slots start one by
+one spread over ramp_s (slot j at j * ramp_s / concurrency); open loop, the arrival rate rises
+linearly from 0 to `rate` over ramp_s (the schedule is the unramped one mapped through the inverse
+of the ramped cumulative rate, so Poisson stays Poisson). Requests that start in the ramp are
+measured like the rest (validation/interleave.py says why).
 """
 from __future__ import annotations
 
@@ -214,6 +220,25 @@ class LoadSpec:
     progress: bool = False
     # A trace's arrival times (s from the start; validation/traces.py): open loop, one request each.
     arrivals: list[float] | None = None
+    # the load rises over this many seconds instead of starting as a burst (module docstring)
+    ramp_s: float = 0.0
+    # closed loop: where this process's slots sit between the global slots (run_workers' worker w of n: w / n)
+    ramp_phase: float = 0.0
+
+
+def ramped(u: float, ramp_s: float) -> float:
+    """The time an arrival scheduled at `u` s (at the full rate from 0) is sent when the rate rises
+    linearly from 0 to full over ramp_s: the inverse of the ramped cumulative rate
+    (rate * t^2 / (2 ramp_s) before ramp_s, rate * (t - ramp_s / 2) after), so the k-th arrival of
+    either schedule has seen the same expected number of arrivals before it."""
+    if ramp_s <= 0:
+        return u
+    return (2 * ramp_s * u) ** 0.5 if u < ramp_s / 2 else u + ramp_s / 2
+
+
+def slot_start(j: int, concurrency: int, ramp_s: float, phase: float = 0.0) -> float:
+    """When closed-loop slot j of `concurrency` sends its first request: spread evenly over ramp_s."""
+    return (j + phase) * ramp_s / max(1, concurrency) if ramp_s > 0 else 0.0
 
 
 class _Conn(asyncio.Protocol):
@@ -443,19 +468,23 @@ async def run_load(spec: LoadSpec) -> dict:
                 i = next_index()
                 if i is None:
                     break
-                delay = t_next - time.perf_counter()
+                at = t_start + ramped(t_next - t_start, spec.ramp_s)
+                delay = at - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 if deadline is not None and time.perf_counter() >= deadline:
                     break
-                r, payload = new_raw(i, t_next)
+                r, payload = new_raw(i, at)
                 tasks.append(asyncio.ensure_future(_one(pool, head, payload, r, spec.timeout)))
                 gap = rng.expovariate(spec.rate) if spec.poisson else 1.0 / spec.rate
                 t_next += gap
             if tasks:
                 await asyncio.gather(*tasks)
         else:
-            async def worker() -> None:
+            async def worker(j: int) -> None:
+                start = t_start + slot_start(j, spec.concurrency or 1, spec.ramp_s, spec.ramp_phase)
+                if start > time.perf_counter():
+                    await asyncio.sleep(start - time.perf_counter())
                 while True:
                     i = next_index()
                     if i is None:
@@ -464,7 +493,7 @@ async def run_load(spec: LoadSpec) -> dict:
                     await _one(pool, head, payload, r, spec.timeout)
                     if spec.progress and len(raws) % 50 == 0:
                         print(f"[bench] {len(raws)} requests issued", file=sys.stderr)
-            await asyncio.gather(*(worker() for _ in range(spec.concurrency or 1)))
+            await asyncio.gather(*(worker(j) for j in range(spec.concurrency or 1)))
         t_end = time.perf_counter()
         client_health = await health.stop()
     finally:
@@ -511,7 +540,7 @@ def _worker_main(spec: LoadSpec, w: int, n: int, q) -> None:  # pragma: no cover
         rate=None if spec.rate is None else spec.rate / n,
         requests=None if spec.requests is None else spec.requests // n + (w < spec.requests % n),
         warmup=spec.warmup if w == 0 else min(spec.warmup, 1),
-        seed=spec.seed * 1000 + w, progress=False)
+        seed=spec.seed * 1000 + w, progress=False, ramp_phase=w / n)
     try:
         res: dict[str, Any] = run(share) if share.requests != 0 else {
             "records": [], "client_health": summarize_health([], []), "wall_s": 0.0, "t0": time.perf_counter(),

@@ -165,7 +165,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           metrics_phases=on.metrics_phases or None, api_key=api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
                           metrics_lag_s=on.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
-                          tokenizer=on.tokenizer, isolate=True, seed=seed,
+                          tokenizer=on.tokenizer, isolate=True, seed=seed, ramp_s=load.ramp_s,
+                          poisson=load.arrival == "poisson",
                           balance_policy=spec.validation.balance,
                           metrics_source=PrometheusSource(spec.metrics.prometheus_url, on.prometheus_labels,
                                                           on.prometheus_phase_label, on.metrics_lag_s)
@@ -178,6 +179,9 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     vs = spec.slo.vs_stable
     live = stable_endpoint if vs is not None and vs.measure == "live" else None
     live_stable: list[BenchReport] = []
+    from validation.interleave import new_seed
+
+    order_seed = new_seed()   # the block order's seed, recorded in each bench's `interleaved`
 
     def measure(i: int, load: LoadProfile, warmup: int, seed: int) -> BenchReport:
         """One look at load #i: on the candidate only, or interleaved with the serving stable slot."""
@@ -186,12 +190,15 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         from validation import interleave
 
         on_stable = live
-        progress(f"[validate] load #{i} {load.profile}: candidate and stable interleaved "
-                 f"({vs.blocks} blocks each, slo.vs_stable.measure: live)")
+        before = live_stable[i].interleaved if i < len(live_stable) else None
+        first = before.first_block + before.blocks if before is not None else 0   # a later look's blocks follow
+        progress(f"[validate] load #{i} {load.profile}: candidate and stable in {vs.blocks} block pairs, "
+                 f"random order (seed {order_seed + i}), slo.vs_stable.measure: live")
         cand, stab = interleave.measure(
             lambda side, n, dur, w, k: bench_of(load, w, seed * 100 + k,
                                                 endpoint if side == "candidate" else on_stable, n, dur),
-            load.requests if not load.duration_s else None, load.duration_s, warmup, vs.blocks, bool(load.trace))
+            load.requests if not load.duration_s else None, load.duration_s, load.warmup_requests, vs.blocks,
+            bool(load.trace), seed=order_seed + i + 1000 * first, first_block=first)
         if i < len(live_stable):
             live_stable[i] = sequential.merge_bench(live_stable[i], stab)
         else:

@@ -19,39 +19,92 @@ from workflows import steps
 from workflows.targets.base import SlotStatus, TargetStatus
 
 
-def test_blocks_alternate_which_side_goes_first():
-    assert interleave.order(1) == ["candidate", "stable"]
-    assert "".join(s[0] for s in interleave.order(4)) == "cssccssc"
+def test_order_is_seeded_reproducible_and_balanced():
+    for pairs in (1, 2, 3, 4, 7, 8):
+        for seed in range(50):
+            o = interleave.order(pairs, seed)
+            assert o == interleave.order(pairs, seed)                     # the recorded seed replays it
+            assert all(sorted(p) == ["candidate", "stable"] for p in o)   # one block of each side per pair
+            firsts = [p[0] for p in o].count("candidate")
+            assert firsts in ({pairs // 2} if pairs % 2 == 0 else {pairs // 2, pairs // 2 + 1})
+    labels = {interleave.order_label(interleave.order(4, seed)) for seed in range(200)}
+    assert len(labels) == 6   # C(4, 2) balanced orders of 4 pairs, all reachable: not a fixed pattern
+    odd_first = {interleave.order(3, seed)[-1][0] for seed in range(50)}
+    assert odd_first == {"candidate", "stable"}
     assert interleave.split(16, 4) == [4, 4, 4, 4] and interleave.split(10, 4) == [3, 3, 2, 2]
     assert interleave.effective_blocks(3, 4, False) == 1      # never blocks of one request
     assert interleave.effective_blocks(300, 4, True) == 1     # a trace keeps its arrival times
 
 
-def drifting_runner(calls: list[tuple]):
+def drifting_runner(calls: list[tuple], void: dict[tuple[str, int], str] | None = None):
     """Each request's TTFT is 100 ms plus 1 ms per request sent before it, on either side: a
-    machine that slows linearly over the release; candidate and stable are otherwise equal."""
+    machine that slows linearly over the release; candidate and stable are otherwise equal.
+    `void`: (side, block) -> the reason that block raises VoidBlock."""
     clock = {"n": 0}
 
     def run(side, n, dur, warmup, k):
         calls.append((side, n, warmup, k))
+        if void and (side, k) in void:
+            raise interleave.VoidBlock(void[side, k])
         ttft = [100.0 + clock["n"] + j for j in range(n)]
         clock["n"] += n
-        return {"requests_total": n, "requests_ok": n, "errors": 0, "goodput_requests": n, "wall_s": 1.0,
-                "samples": {"ttft": ttft, "tpot": [], "itl": [], "itl_counts": []}, "ttft_ms": summary(ttft)}
+        return {"requests_total": n + 1, "requests_ok": n, "errors": 1, "goodput_requests": n, "wall_s": 1.0,
+                "samples": {"ttft": ttft, "tpot": [], "itl": [], "itl_counts": [0] * n, "outcomes": [1] * n + [0]},
+                "ttft_ms": summary(ttft)}
     return run
 
 
-def test_abba_cancels_linear_drift_that_ab_puts_on_one_side():
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
+def test_balanced_random_order_cancels_linear_drift_that_ab_puts_on_one_side(seed):
     calls: list[tuple] = []
-    cand, stab = interleave.measure(drifting_runner(calls), 64, None, 2, 4)
-    assert [c[0][0] for c in calls] == list("cssccssc") and [c[1] for c in calls] == [16] * 8
-    assert [c[2] for c in calls] == [2, 2, 0, 0, 0, 0, 0, 0]   # each side's first block is warmed up
-    assert cand.requests_ok == stab.requests_ok == 64 and cand.interleaved.order == "CSSCCSSC"
-    assert cand.looks is None and len(cand.interleaved.per_block) == 4
+    cand, stab = interleave.measure(drifting_runner(calls), 64, None, 2, 4, seed=seed)
+    assert [c[1] for c in calls] == [16] * 8
+    assert "".join(c[0][0].upper() for c in calls) == cand.interleaved.order == \
+        interleave.order_label(interleave.order(4, seed))
+    assert cand.requests_ok == stab.requests_ok == 64 and cand.interleaved.seed == seed
+    assert cand.looks is None and len(cand.interleaved.per_block) == 4 and cand.interleaved.pairs == 4
     live_gap = statistics.mean(cand.samples.ttft) - statistics.mean(stab.samples.ttft)
-    ab_c, ab_s = interleave.measure(drifting_runner([]), 64, None, 0, 1)
+    ab_c, ab_s = interleave.measure(drifting_runner([]), 64, None, 0, 1, seed=seed)
     ab_gap = statistics.mean(ab_c.samples.ttft) - statistics.mean(ab_s.samples.ttft)
-    assert abs(live_gap) == 0.0 and ab_gap == -64.0   # AB: the whole drift lands on stable
+    assert abs(live_gap) == 0.0 and abs(ab_gap) == 64.0   # one pair: the whole drift lands on one side
+
+
+def test_every_block_is_warmed_up_and_labelled():
+    calls: list[tuple] = []
+    cand, stab = interleave.measure(drifting_runner(calls), 40, None, 3, 4, seed=7, first_block=4)
+    assert [c[2] for c in calls] == [3] * 8                       # warm-up at every block, not only the first
+    assert sorted(c[3] for c in calls) == [4, 4, 5, 5, 6, 6, 7, 7]   # a later look continues the block count
+    for bench in (cand, stab):
+        s = bench.samples
+        assert s.block == [4] * 10 + [5] * 10 + [6] * 10 + [7] * 10 and len(s.block) == len(s.ttft)
+        assert s.outcome_block == [k for k in (4, 5, 6, 7) for _ in range(11)]
+        assert len(s.outcome_block) == len(s.outcomes) == bench.requests_total == 44
+        assert [b["block"] for b in bench.interleaved.per_block] == [4, 5, 6, 7]
+    # candidate block k and stable block k saw the same prompts and load: same seed, same size
+    assert {(c[1], c[3]) for c in calls if c[0] == "candidate"} == {(c[1], c[3]) for c in calls if c[0] == "stable"}
+
+
+def test_a_void_block_drops_its_whole_pair_and_says_why():
+    calls: list[tuple] = []
+    run = drifting_runner(calls, {("stable", 1): "3 requests on the baseline were not ours"})
+    cand, stab = interleave.measure(run, 16, None, 0, 4, seed=11)
+    assert cand.samples.block == stab.samples.block == [0] * 4 + [2] * 4 + [3] * 4
+    assert cand.requests_ok == stab.requests_ok == 12 and cand.interleaved.pairs == 3
+    (v,) = cand.interleaved.void
+    assert (v.pair, v.side, v.reason) == (1, "stable", "3 requests on the baseline were not ours")
+    first = interleave.order(4, 11)[1][0]
+    # the candidate's block of pair 1 ran only when it went first; either way it is not in the merge
+    assert [c for c in calls if c[3] == 1] == ([("candidate", 4, 0, 1)] if first == "candidate" else []) + \
+        [("stable", 4, 0, 1)]
+
+
+def test_all_pairs_void_is_no_comparison_but_keeps_the_candidates_blocks():
+    void = {("stable", k): "baseline gone" for k in range(4)}
+    with pytest.raises(interleave.AllVoid) as exc:
+        interleave.measure(drifting_runner([], void), 16, None, 0, 4, seed=3)
+    assert len(exc.value.void) == 4 and "baseline gone" in str(exc.value)
+    ran_first = [p[0] for p in interleave.order(4, 3)].count("candidate")
+    assert (exc.value.candidate.requests_ok if exc.value.candidate else 0) == 4 * ran_first
 
 
 class TwoSlotTarget(RecordingTarget):
@@ -96,9 +149,10 @@ def test_live_stable_is_measured_in_the_release_and_a_slower_candidate_fails(
     logs: list[str] = []
     (tmp_path / "v").mkdir()
     result = steps.validate_slot(target, rendered.spec, tmp_path / "v", logs.append, digest=target.candidate.digest)
-    assert target.asked.count("stable") == 1 and any("interleaved" in m for m in logs), logs
+    assert target.asked.count("stable") == 1 and any("block pairs, random order" in m for m in logs), logs
     (stab,) = result.stable_benches
-    assert stab.requests_ok == 8 and stab.interleaved.order == "CSSC"
+    assert stab.requests_ok == 8 and stab.interleaved.order in ("CSSC", "SCCS") and stab.interleaved.pairs == 2
+    assert stab.samples.block == [0] * 4 + [1] * 4 and stab.load.ramp_s == 1.0
     assert (tmp_path / "v" / "stable-bench-0-balanced.json").exists()
     failed = [c.check for c in result.decision.checks if not c.ok]
     # the recorded baseline (the candidate's own speed) would pass; the live stable is 10x faster

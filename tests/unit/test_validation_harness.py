@@ -1,6 +1,8 @@
 """The latency harness against a server whose timings are known."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from tests.fakes.known_timing_server import KnownTimingServer
@@ -215,3 +217,39 @@ def test_raw_client_against_uvicorn():
         assert r["error"] is None and r["text"] == "t0t1t2t3t4" and r["saw_done"] and r["usage"]
         assert len(r["chunk_times"]) == 5 and r["first_content"] - r["sent"] >= 0.009
     assert bad["records"][0]["error"].startswith("HTTP 404")
+
+
+def test_ramp_starts_the_closed_loop_slots_one_by_one_instead_of_a_burst(server):
+    """ramp_s (validation/loadgen.py): slot j of a closed loop sends its first request at
+    j * ramp_s / concurrency; without a ramp every slot sends at once. Requests started in the ramp
+    are measured (validation/interleave.py says why)."""
+    spec = LoadSpec(server.base_url, "fake-model", _req(2), concurrency=4, requests=8)
+    burst = sorted(r["sent"] for r in run(spec)["records"])[:4]
+    # each request takes 0.28 s here, longer than the ramp: the first four sends are the four slots'
+    ramped = run(LoadSpec(server.base_url, "fake-model", _req(10), concurrency=4, requests=8, ramp_s=0.2))
+    firsts = sorted(r["sent"] for r in ramped["records"])[:4]
+    assert burst[-1] - burst[0] < 0.03
+    gaps = [b - a for a, b in itertools.pairwise(firsts)]
+    assert all(0.035 < g < 0.08 for g in gaps), gaps          # 0.05 s apart: 0.2 s over 4 slots
+    assert metrics.compute(ramped["records"], ramped["wall_s"])["requests_ok"] == 8   # none dropped
+
+
+def test_open_loop_ramp_raises_the_rate_linearly():
+    """The ramped schedule is the unramped one through the inverse of the ramped cumulative rate:
+    continuous at ramp_s/2, and after the ramp the same spacing shifted by ramp_s/2."""
+    from validation.loadgen import ramped as at
+
+    assert at(1.0, 0.0) == 1.0
+    assert at(0.5, 1.0) == pytest.approx(1.0) and at(0.5 - 1e-9, 1.0) == pytest.approx(1.0)
+    assert at(3.0, 1.0) - at(2.0, 1.0) == pytest.approx(1.0)           # full rate after the ramp
+    # arrivals at 10/s: fewer in the ramp's first half than in its second, the full 10/s after
+    sends = [at(k / 10, 2.0) for k in range(60)]
+    first, second = sum(t < 1.0 for t in sends), sum(1.0 <= t < 2.0 for t in sends)
+    assert first == 3 and second == 7 and sum(2.0 <= t < 3.0 for t in sends) == 10
+
+
+def test_open_loop_ramp_through_the_harness(server):
+    res = run(LoadSpec(server.base_url, "fake-model", _req(2), concurrency=None, rate=20.0, requests=20, ramp_s=1.0))
+    sched = sorted(r["scheduled"] for r in res["records"])
+    assert sched[1] - sched[0] > 0.15    # the second arrival waits sqrt(2 * 1.0 * 0.05) = 0.32 s
+    assert sched[-1] - sched[-2] == pytest.approx(0.05, abs=1e-6)   # then 20/s

@@ -43,6 +43,7 @@ class Load(ReportModel):
     warmup: int | None = None
     workers: int | None = None
     trace: str | None = None
+    ramp_s: float | None = None       # the load rose over this long instead of starting as a burst
 
 
 class LengthMismatch(ReportModel):
@@ -146,12 +147,24 @@ class GoodputSlo(ReportModel):
     tpot_ms: float | None = None
 
 
+class VoidPair(ReportModel):
+    """A block pair dropped from the comparison: one of its blocks could not be measured fairly."""
+
+    pair: int                         # the pair's block index (Samples.block)
+    side: str                         # candidate | stable: the block that failed
+    reason: str
+
+
 class Interleaved(ReportModel):
     """This side's run was measured interleaved with the other slot's (validation/interleave.py)."""
 
-    blocks: int                       # blocks per side
-    order: str                        # e.g. CSSCCSSC: C candidate, S stable
-    per_block: list[dict[str, Any]] | None = None   # each block's own summary
+    blocks: int                       # blocks per side, as planned
+    order: str                        # e.g. CSSCSCCS: C candidate, S stable (baseline), pair by pair
+    seed: int | None = None           # the seed of the order: which side went first in each pair
+    pairs: int | None = None          # pairs measured and kept (blocks - void), what the gate pairs
+    first_block: int = 0              # the first pair's block index (a later look continues the count)
+    void: list[VoidPair] = Field(default_factory=list)
+    per_block: list[dict[str, Any]] | None = None   # each kept block's own summary
 
 
 class BenchReport(ReportModel):
