@@ -3,7 +3,7 @@ YAML uses that is not declared here raises at load, so a new Argo feature cannot
 
 Fields are of three kinds:
 - emulated (the engine acts on them; see engine.py / pod.py for the upstream function of each);
-- ACCEPTED_NOT_EMULATED: declared so the committed YAML loads, listed in the README as not emulated
+- ACCEPTED_NOT_EMULATED: declared so the committed YAML loads, listed in docs/argo.md as not emulated
   (pod placement, security context, resources, garbage collection): the engine records them;
 - anything else: ValidationError naming the field.
 Field names and shapes follow pkg/apis/workflow/v1alpha1/workflow_types.go (v4.0.10).

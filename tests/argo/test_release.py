@@ -1,5 +1,5 @@
-"""The committed kustomize/argo/pd-release.yaml and pd-canary.yaml, executed (tests/argo/README in
-the main README: "Argo execution tier").
+"""The committed kustomize/argo/pd-release.yaml and pd-canary.yaml, executed (the tier:
+docs/argo.md#argo-execution-tier).
 
 Emulated: Argo's controller and executor (tests/argo/engine.py, dag.py, workflow.py, pod.py, each
 rule citing its upstream function), the Kubernetes API (kmock) with a simulated KubeRay and GPU

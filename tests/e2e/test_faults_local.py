@@ -3,7 +3,8 @@ keeps serving (a user sends a request every 2 s throughout), the verdict is roll
 failure, history is intact, and the candidate never lingers.
 
 Runs after tests/e2e/test_release_local.py promoted a stable release (session fixture `promoted`).
-Each test prints its figures (stable availability, time to restore) for the README's fault table.
+Each test prints its figures (stable availability, time to restore) for the fault tables of
+docs/troubleshooting.md and docs/measurements.md#faults.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def assert_stable_kept(stack, digest: str) -> dict:
 
 def failed_release(stack, stable_digest: str, overlay, fault: str, *args: str) -> dict:
     """`pdops release --json` of `overlay` while a user calls stable: exit 1, every one of the user's
-    requests OK, stable kept. Prints the figures for the README's fault table; returns the outcome."""
+    requests OK, stable kept. Prints the figures for the fault table (docs/measurements.md#faults); returns the
+    outcome."""
     with LiveTraffic() as users:
         started = time.monotonic()
         proc = pdops(stack, "release", "--overlay", str(overlay), *args, "--json")

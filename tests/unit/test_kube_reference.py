@@ -86,7 +86,8 @@ def _reference_writes(cluster) -> list:
 def test_validate_creates_the_reference_compares_golden_tokens_and_the_diff_then_deletes_it(
         dns, manifests, overlay, tmp_path, planted):
     """Planted: the candidate's (blue) engine answers the second prompt of a completions batch with
-    other tokens, as Ray's P/D orchestrator does (README finding 1); the reference does not."""
+    other tokens, as Ray's P/D orchestrator does (docs/diff.md#findings-on-the-real-stack, finding 1); the
+    reference does not."""
     if planted:
         dns.kuberay.engines["blue"] = {"server": DiffFake, "plant": Plant(wrong_tokens_on_prompt=1)}
     target, rec = _candidate(dns, manifests)

@@ -31,7 +31,7 @@ def validate(name: str, path: Path) -> dict[str, Any]:
 
 
 def explained(bench: dict[str, Any]) -> None:
-    """README "Reports": every null figure of a bench has a reason in `missing`."""
+    """docs/reports.md: every null figure of a bench has a reason in `missing`."""
     assert unexplained(bench, bench["missing"], BenchReport.BY_DESIGN) == [], bench["missing"]
     for path, reason in bench["missing"].items():
         assert reason and path.split(".")[0] in bench, (path, reason)
