@@ -26,7 +26,9 @@ def test_an_engine_pod_killed_during_validation_is_seen_as_a_replaced_engine(clu
 
 
 def test_a_conflict_while_recording_the_promote_changes_nothing_and_the_next_run_finishes_it(cluster, manifests):
-    """409 on the history write of promote (another writer changed it): users stay on the old colour."""
+    """409 on the history write of promote (another writer changed it). Users move first (slots.py): they
+    are on the validated candidate, both colours serve, the candidate is still pending, and the retry
+    completes the record and retires the old colour."""
     t = target(cluster)
     release(t, record(manifests, variant="a"))
     t.apply(record(manifests, variant="b"), Lines())
@@ -40,10 +42,11 @@ def test_a_conflict_while_recording_the_promote_changes_nothing_and_the_next_run
     cluster.faults.before_write.append(conflict)
     with pytest.raises(TargetError, match="409"):
         t.promote(["gate: promote"], None, Lines())
-    assert selector(cluster)["pdops.dev/colour"] == "blue" and set(live(cluster, "rayservices")) == {"pd-llm-blue", "pd-llm-green"}
+    assert selector(cluster)["pdops.dev/colour"] == "green"
+    assert set(live(cluster, "rayservices")) == {"pd-llm-blue", "pd-llm-green"}
     assert target(cluster).status().candidate.release.revision.startswith("b")  # still pending: nothing recorded
     target(cluster).promote(["gate: promote"], None, Lines())
-    assert selector(cluster)["pdops.dev/colour"] == "green"
+    assert selector(cluster)["pdops.dev/colour"] == "green" and set(live(cluster, "rayservices")) == {"pd-llm-green"}
     assert [(r["revision"][0], r["verdict"]) for r in history(cluster)] == [("a", "promote"), ("b", "promote")]
 
 

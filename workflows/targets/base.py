@@ -77,6 +77,10 @@ class ReleaseRecord(BaseModel):
     def short(self) -> str:
         return f"{self.name}@{self.revision[:12]} ({self.digest[7:19]})"
 
+    def named(self, ident: str) -> bool:
+        """`ident` names this release: its digest, the digest's 12 characters `short()` shows, or `short()`."""
+        return ident in (self.digest, self.digest[7:19], self.short())
+
 
 class SlotStatus(BaseModel):
     slot: Literal["stable", "candidate"]
@@ -144,11 +148,12 @@ class Target(Protocol):
         the benches it was promoted on)."""
 
     def rollback(self, reasons: list[str], report: str | None, progress: Progress, *,
-                 to_previous: bool = False) -> str:
+                 to_previous: bool = False, regressed: str | None = None) -> str:
         """Undo: drop a pending candidate (recorded with its verdict) and make sure stable serves the
         last good release, redeploying it from history when it is missing. With `to_previous`, the
-        current stable is marked regressed and the good release before it is restored. Returns what
-        it did, in one line."""
+        current stable is marked regressed and the good release before it is restored; `regressed`
+        names the release the caller found regressed (ReleaseRecord.named), so a retry after it was
+        already replaced does not regress the restored release too. Returns what it did, in one line."""
 
     def history(self) -> list[ReleaseRecord]:
         """Decided releases, oldest first."""

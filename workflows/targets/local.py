@@ -351,9 +351,13 @@ class LocalTarget:
         return promoted
 
     def rollback(self, reasons: list[str], report: str | None, progress: Progress, *,
-                 to_previous: bool = False) -> str:
+                 to_previous: bool = False, regressed: str | None = None) -> str:
         slots = self._slots()
         done: list[str] = []
+        if to_previous and regressed and slots.stable is not None and not slots.stable.named(regressed):
+            # a retry after the regressed release was already replaced: make sure stable serves, no more
+            done.append(f"{regressed} is no longer stable (already rolled back from)")
+            to_previous = False
         if slots.candidate is not None:
             self._record(slots.candidate.model_copy(update={"verdict": "rollback", "reasons": reasons,
                                                             "report": report, "decided_at": time.time()}))

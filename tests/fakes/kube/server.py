@@ -9,8 +9,9 @@ DELETE (DeleteOptions preconditions, `dryRun` in the query or the body). `watch=
 
 Fault injection for tests: `faults.forbidden` (plurals answered 403), `faults.failing`
 ({plural: n}: the next n writes answer 500 "etcdserver: request timed out"), `faults.before_write`
-(callables run before each write, to interleave another writer), and `requests` records every
-request (method, path, query, user agent, body).
+(callables run before each write, to interleave another writer), `faults.write` (a `WriteFault`:
+the Nth write of one client fails as a 500, a 409, a 504 timeout or a killed process), and
+`requests` records every request (method, path, query, user agent, body).
 """
 from __future__ import annotations
 
@@ -37,11 +38,74 @@ class Request:
     body: Any
 
 
+FAULT_KINDS = ("500", "409", "timeout", "kill")
+
+
+@dataclass
+class WriteFault:
+    """Fail the `nth` write (1-based) of the clients whose user agent starts with `agent`.
+
+    One of four ways:
+
+    - "500": not stored; 500 InternalError "etcdserver: request timed out" (etcd's ErrTimeout as
+      kube-apiserver passes it on);
+    - "409": not stored; 409 Conflict "the object has been modified" (another writer came in between:
+      storage/errors/storage.go InterpretUpdateError -> errors.NewConflict);
+    - "timeout": STORED, then 504 Timeout: kube-apiserver's timeout filter answers 504 "request did not
+      complete within the allotted timeout" while the handler goroutine carries on and may commit
+      (staging/src/k8s.io/apiserver/pkg/server/filters/timeout.go, timeoutHandler: "post-timeout
+      activity"), so the client cannot tell whether its write landed;
+    - "kill": STORED, and every later write of that client is refused: the step's process died right
+      after sending it, so nothing it would have written next reaches the cluster.
+
+    Leases are not counted: the lock renews them on its own clock, so their number is not a function
+    of the step. `seen` counts the writes so far; `fired` is the request the fault hit.
+    """
+
+    nth: int
+    kind: str
+    agent: str = "pdops"
+    seen: int = 0
+    fired: Request | None = None
+    dead: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS or self.nth < 1:
+            raise ValueError(f"WriteFault(nth={self.nth}, kind={self.kind!r}): nth >= 1, kind one of {FAULT_KINDS}")
+
+    def counts(self, req: Request, plural: str) -> bool:
+        return req.method in WRITES and req.agent.startswith(self.agent) and plural != "leases"
+
+    def before(self, req: Request) -> bool:
+        """Called before a counted write is served: raises for 500/409 and after a kill; True when the
+        write is the one to fail after it is stored (timeout, kill)."""
+        if self.dead:
+            raise ApiError(503, "ServiceUnavailable", "the client was killed (WriteFault): this write never left it")
+        self.seen += 1
+        if self.seen != self.nth:
+            return False
+        self.fired = req
+        if self.kind == "500":
+            raise ApiError(500, "InternalError", "etcdserver: request timed out")
+        if self.kind == "409":
+            raise ApiError(409, "Conflict", "Operation cannot be fulfilled: the object has been modified; please "
+                           "apply your changes to the latest version and try again")
+        return True
+
+    def after(self) -> None:
+        """The write the fault hit was stored: answer as the fault says."""
+        if self.kind == "kill":
+            self.dead = True
+            raise ApiError(503, "ServiceUnavailable", "the client was killed (WriteFault) after sending this write")
+        raise ApiError(504, "Timeout", "Timeout: request did not complete within the allotted timeout")
+
+
 @dataclass
 class Faults:
     forbidden: set[str] = field(default_factory=set)
     failing: dict[str, int] = field(default_factory=dict)
     before_write: list[Callable[[Request], None]] = field(default_factory=list)
+    write: WriteFault | None = None
 
 
 _REQ = re.compile(r"^\s*([^\s!=,()]+)\s*(in|notin)\s*\(([^)]*)\)\s*$")
@@ -138,11 +202,22 @@ class ApiServer:
         req = Request(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""), body)
         self.requests.append(req)
         try:
-            return aiohttp.web.json_response(self.serve(req, request.content_type or ""))
+            fault = self.faults.write
+            hit = fault is not None and fault.counts(req, self._plural(req.path)) and fault.before(req)
+            answer = self.serve(req, request.content_type or "")
+            if hit and fault is not None:
+                fault.after()
+            return aiohttp.web.json_response(answer)
         except ApiError as exc:
             return _error(exc)
         except ssa.ApplyConflict as exc:
             return _error(ApiError(409, "Conflict", str(exc)))
+
+    def _plural(self, path: str) -> str:
+        try:
+            return self._route(path)[0].plural
+        except ApiError:
+            return ""
 
     def _route(self, path: str) -> tuple[Resource, str | None, str, str]:
         parts = [p for p in path.split("/") if p]

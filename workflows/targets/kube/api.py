@@ -38,8 +38,13 @@ class ApiError(TargetError):
         self.status, self.reason, self.message = status, reason, message
         details = [message]
         # 5xx and 429 are the API server's "try again" (client-go's rest client retries them too);
-        # 0 is no HTTP answer at all. 4xx are answers about the request: retrying changes nothing.
-        transient = status in (0, 429) or status >= 500
+        # 0 is no HTTP answer at all. 409 Conflict says the object changed between our read and our
+        # write (a resourceVersion or uid precondition, another writer): the API conventions' recovery
+        # is to GET again and retry (kubernetes/community api-conventions.md, "409 StatusConflict";
+        # client-go util/retry RetryOnConflict), which is what a retried step does: every step reads
+        # the cluster afresh and decides again (slots.py). Other 4xx are answers about the request:
+        # retrying changes nothing.
+        transient = status in (0, 409, 429) or status >= 500
         if status == 403:
             details.append("the pd-release Role (kustomize/argo/rbac.yaml) grants what rollout/promote/rollback "
                            f"need in {namespace}; check the ServiceAccount the step runs as")

@@ -3,16 +3,34 @@
 A mixin of KubernetesTarget (target.py), which supplies the API (`kube`), state (`_state`, `_save`),
 readiness (`_wait`, `_wait_gone`) and the capacity check. Every path that applies a colour's
 RayService first waits for an earlier one of that name to finish terminating (KubeRay's
-finalizer), and promote drains the Service before it deletes the old colour.
+finalizer), and every path that deletes a colour drains the Service first.
+
+Each step is idempotent and resumable: a retry after a failure at any write (500, 409, a 504 whose
+write landed, the process killed) converges to one safe state (tests/unit/test_kube_idempotent.py
+injects a fault at every write in turn). The rules that make it so:
+- The colour the user-facing Service selects is sacred. Nothing deletes it or applies another
+  release over it (`_remove_colour`, `_apply_release` read the selector first); rollout picks the
+  other colour; a rollback whose candidate users already reach (a promote died after switching)
+  moves them back to the stable colour, ready first and drained after, before deleting it.
+- Users move first, the history follows: promote and restore switch the Service to the validated
+  colour, then record it, then retire the old colour. A retry after the switch finds the candidate
+  still pending and completes the record; a retry after the record finds nothing pending and
+  finishes retiring the old colour (or says the promote is complete).
+- Deletes carry the uid of the object read (DeleteOptions preconditions.uid): an object of the same
+  name created since is not deleted; the API server answers 409 Conflict (kubernetes
+  staging/src/k8s.io/apiserver/pkg/storage/interfaces.go Preconditions.Check -> NewInvalidObjError,
+  mapped to errors.NewConflict by storage/errors/storage.go InterpretDeleteError), which api.py
+  treats as transient: the retry reads again and decides again.
 """
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING, Any
 
-from workflows.names import COLOUR_LABEL
+from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION
 from workflows.targets.base import Progress, ReleaseRecord, TargetError, appended, last_good, other_colour
 from workflows.targets.kube import objects as obj, traffic
+from workflows.targets.kube.readiness import rayservice_state
 
 if TYPE_CHECKING:
     from workflows.targets.kube.history import State
@@ -28,6 +46,7 @@ class Slots:
     drain_grace_s: float
     poll_s: float
     _dry_candidate: ReleaseRecord | None
+    _dry_selected: str | None = None   # dry runs store nothing: the colour this run's own switch selected
 
     if TYPE_CHECKING:  # supplied by KubernetesTarget (target.py); declared here for the type checker only
         def _state(self, release: str | None = None) -> State: ...
@@ -59,16 +78,17 @@ class Slots:
         if state.stable is not None and state.stable.digest == record.digest:
             progress(f"[rollout] {record.short()} is already stable in {state.stable.colour}; nothing applied")
             return state.stable
+        if state.stable is not None and self._selected(state.stable) not in (None, state.stable.colour):
+            # the history's stable is not what users reach (a promote of an older pdops recorded before
+            # switching): finish it, so the colour picked below is never the one users are on
+            progress(f"[rollout] Service {obj.service_name(state.stable)} selects {self._selected(state.stable)}, "
+                     f"the stable release is in {state.stable.colour}: pointing users at it first")
+            self._ensure_stable(state, progress)
         colour = other_colour(state.stable.colour) if state.stable else "blue"
         candidate = record.model_copy(update={"colour": colour, "verdict": "pending", "applied_at": time.time(),
                                               "reasons": [], "decided_at": None})
         obj.check(candidate, self.namespace)
-        if self.kube.get("RayService", obj.rs_name(candidate)) is not None:
-            # Left by a run that died after promote, or still terminating after a rollback: applying
-            # over it would upgrade (or lose) it in place, so it goes first.
-            progress(f"[rollout] removing leftover RayService {obj.rs_name(candidate)} (not recorded in any slot)")
-            self._remove_colour(candidate, progress, "rollout")
-            self._wait_gone(obj.rs_name(candidate), progress)
+        self._clear_colour(candidate, progress, "rollout")
         self._check_capacity(candidate, progress)
         state.release = state.release or record.name
         state.candidate = candidate
@@ -81,38 +101,34 @@ class Slots:
     def promote(self, reasons: list[str], report: str | None, progress: Progress, *,
                 baseline: list[dict] | None = None) -> ReleaseRecord:
         state = self._state()
-        candidate = self._candidate(state)
-        if (not (self.dry_run and candidate is self._dry_candidate)
-                and self.kube.get("RayService", obj.rs_name(candidate)) is None):
-            raise TargetError(f"the candidate's RayService {obj.rs_name(candidate)} is gone; nothing to promote",
-                              ["run `pdops rollback` to record it and check the stable slot"])
-        previous = state.stable
+        candidate = state.candidate or self._dry_candidate
+        if candidate is None:
+            return self._finish_promote(state, progress)
+        if not (self.dry_run and candidate is self._dry_candidate):
+            rs = self.kube.get("RayService", obj.rs_name(candidate))
+            if rs is None:
+                raise TargetError(f"the candidate's RayService {obj.rs_name(candidate)} is gone; nothing to promote",
+                                  ["run `pdops rollback` to record it and check the stable slot"])
+            found = rayservice_state(rs)
+            if found.state != "ready":   # users are only ever moved to a colour that serves
+                raise TargetError(f"the candidate {obj.rs_name(candidate)} is not serving ({found.detail}); "
+                                  "users stay where they are", ["`pdops status` shows both slots; "
+                                                                "`pdops rollback` drops the candidate"])
         promoted = _decided(candidate, "promote", reasons, report).model_copy(update={"baseline": baseline})
-        state.history, state.stable, state.candidate = appended(state.history, promoted), promoted, None
-        self._save(state)  # intent first: rollback re-points the Service if the run dies before the switch
-        self._switch(promoted, progress)
-        if previous is not None and previous.colour != promoted.colour:
-            self._retire(previous, promoted, progress)
+        self._complete(state, promoted, state.stable, progress)
         self._dry_candidate = None
         return promoted
 
-    def rollback(self, reasons: list[str], report: str | None, progress: Progress, *, to_previous: bool = False) -> str:
-        from workflows.targets.kube.readiness import rayservice_state
+    def rollback(self, reasons: list[str], report: str | None, progress: Progress, *, to_previous: bool = False,
+                 regressed: str | None = None) -> str:
+        """`regressed` (with to_previous): the release the caller found regressed (ReleaseRecord.named);
+        a retry after that release was already replaced says so instead of regressing the restored one too."""
         state = self._state()
         done = []
         candidate = state.candidate or self._dry_candidate
-        if candidate is not None:
-            rs = self.kube.get("RayService", obj.rs_name(candidate))
-            last = rayservice_state(rs).detail if rs is not None else "RayService absent"
-            self._remove_colour(candidate, progress)  # before the record: a retry finds the candidate again
-            said = any(last in r for r in reasons)  # a failed wait already quotes KubeRay's message: once is enough
-            decided = _decided(candidate, "rollback",
-                               reasons + ([] if said else [f"candidate state at rollback: {last}"]), report)
-            state.history, state.candidate = appended(state.history, decided), None
-            self._save(state)
-            self._dry_candidate = None
-            done.append(f"dropped candidate {candidate.short()} ({candidate.colour})")
-        done.append(self._restore_previous(state, reasons, report, progress) if to_previous
+        if candidate is not None and not (to_previous and _is_restore(state, candidate)):
+            done.append(self._drop(state, candidate, reasons, report, progress))
+        done.append(self._restore_previous(state, reasons, report, progress, regressed) if to_previous
                     else self._ensure_stable(state, progress))
         if not self.dry_run and (gone := self.remove_references(progress, "rollback")):   # a killed validate's
             done.append(f"removed leftover reference {', '.join(gone)}")
@@ -120,9 +136,52 @@ class Slots:
 
     # ---- paths ----
 
-    def _ensure_stable(self, state, progress: Progress) -> str:
-        """The stable slot's RayService exists (redeployed from its record if not), the Service selects
-        it, and no RayService of this release is left in the other colour."""
+    def _complete(self, state: State, promoted: ReleaseRecord, previous: ReleaseRecord | None,
+                  progress: Progress) -> None:
+        """Users first, then the record, then the old colour (module docstring): every prefix of this
+        is a state a retry completes."""
+        self._switch(promoted, progress)
+        state.history, state.stable, state.candidate = appended(state.history, promoted), promoted, None
+        self._save(state)
+        if previous is not None and previous.colour != promoted.colour:
+            self._retire(previous, promoted, progress)
+
+    def _finish_promote(self, state: State, progress: Progress) -> ReleaseRecord:
+        """Promote with nothing pending: after a promote (or restore) was recorded, finish what is
+        left of it (the switch, the old colour's removal) or say it is complete; else nothing to promote."""
+        stable, last = state.stable, (state.history[-1] if state.history else None)
+        if stable is None or last is None or (last.verdict, last.digest) != ("promote", stable.digest):
+            raise TargetError(f"no candidate is pending in namespace {self.namespace}", ["run `pdops rollout` first"])
+        left = self._ensure_stable(state, progress)
+        progress(f"[promote] nothing pending: {stable.short()} was the last release promoted; {left}")
+        return stable
+
+    def _drop(self, state: State, candidate: ReleaseRecord, reasons: list[str], report: str | None,
+              progress: Progress) -> str:
+        """Remove a pending candidate, then record it rolled back (until then a retry finds it again)."""
+        rs = self.kube.get("RayService", obj.rs_name(candidate))
+        last = rayservice_state(rs).detail if rs is not None else "RayService absent"
+        if self._selected(candidate) == candidate.colour:   # a promote died after moving users to it
+            if state.stable is None:
+                raise TargetError(f"Service {obj.service_name(candidate)} already routes users to the candidate "
+                                  f"{candidate.short()} and no stable release is recorded to move them back to",
+                                  ["`pdops promote` finishes the promote that moved them (it passed the gate)"])
+            progress(f"[rollback] users reach the candidate {candidate.short()} ({candidate.colour}): "
+                     f"moving them back to {state.stable.short()} first")
+            self._ensure_stable(state, progress)   # stable ready, selected, drained; the candidate's colour deleted
+        else:
+            self._remove_colour(candidate, progress, uid=(rs or {}).get("metadata", {}).get("uid"))
+        said = any(last in r for r in reasons)  # a failed wait already quotes KubeRay's message: once is enough
+        decided = _decided(candidate, "rollback", reasons + ([] if said else [f"candidate state at rollback: {last}"]),
+                           report)
+        state.history, state.candidate = appended(state.history, decided), None
+        self._save(state)
+        self._dry_candidate = None
+        return f"dropped candidate {candidate.short()} ({candidate.colour})"
+
+    def _ensure_stable(self, state: State, progress: Progress) -> str:
+        """The stable slot's RayService exists (redeployed from its record if not) and serves, the
+        Service selects it, and the other colour is drained and deleted."""
         stable = state.stable or last_good(state.history)
         if stable is None:
             return "no stable release recorded; nothing to restore"
@@ -135,19 +194,44 @@ class Slots:
             if not self.dry_run:
                 self._wait(stable, self.restore_timeout_s, progress)
             redeployed = "redeployed from history, "
-        if self._service_colour(stable) != stable.colour:
+        if self._selected(stable) != stable.colour:
+            if not self.dry_run:
+                self._wait(stable, self.restore_timeout_s, progress)   # users only move to a colour that serves
             self._switch(stable, progress)
         other = stable.model_copy(update={"colour": other_colour(stable.colour)})
         if self.kube.get("RayService", obj.rs_name(other)) is not None:
-            self._remove_colour(other, progress)
+            self._retire(other, stable, progress, "rollback")   # drained first: streams on it finish
         return f"stable {stable.short()} ({stable.colour}) {redeployed}serving"
 
-    def _restore_previous(self, state, reasons: list[str], report: str | None, progress: Progress) -> str:
+    def _restore_previous(self, state: State, reasons: list[str], report: str | None, progress: Progress,
+                          regressed: str | None) -> str:
         """Mark the current stable regressed and bring back the good release before it, validated by
-        KubeRay readiness in the other colour before traffic moves."""
+        KubeRay readiness in the other colour before traffic moves. Resumes a restore an earlier try left."""
         current = state.stable
         if current is None:
             raise TargetError("no stable release to roll back from", ["`pdops status` shows what the cluster holds"])
+        if regressed and not current.named(regressed):
+            if not any(r.named(regressed) and r.verdict == "regressed" for r in state.history):
+                raise TargetError(f"the stable slot holds {current.short()}, not {regressed} (the release found "
+                                  "regressed)", ["`pdops status` shows what serves; validate it again"])
+            left = self._ensure_stable(state, progress)   # a retry after the restore was recorded
+            return f"{regressed} was already marked regressed; {left}"
+        restore = state.candidate
+        if restore is not None and _is_restore(state, restore):
+            progress(f"[rollback] resuming the restore of {restore.short()} in {restore.colour}")
+        else:
+            restore = self._start_restore(state, current, reasons, report, progress)
+        current = state.stable or current
+        self._apply_release(restore, progress)
+        if not self.dry_run:
+            self._wait(restore, self.restore_timeout_s, progress)
+        promoted = _decided(restore, "promote", [f"restored: {current.short()} regressed"] + reasons, report)
+        self._complete(state, promoted, current, progress)
+        return f"{current.short()} marked regressed; {restore.short()} restored in {restore.colour} and serving"
+
+    def _start_restore(self, state: State, current: ReleaseRecord, reasons: list[str], report: str | None,
+                       progress: Progress) -> ReleaseRecord:
+        """Record the intent: the current stable regressed, the good release before it pending as the candidate."""
         history = list(state.history)
         index = next((i for i in range(len(history) - 1, -1, -1)
                       if history[i].digest == current.digest and history[i].verdict == "promote"), None)
@@ -160,24 +244,35 @@ class Slots:
         restore = previous.model_copy(update={"colour": other_colour(current.colour), "verdict": "pending",
                                               "applied_at": time.time(), "decided_at": None, "reasons": [],
                                               "report": None})
+        self._clear_colour(restore, progress, "rollback")
         self._check_capacity(restore, progress)
         state.history, state.stable = history, current.model_copy(update={"verdict": "regressed"})
         state.candidate = restore
         self._save(state)
-        self._apply_release(restore, progress)
-        if not self.dry_run:
-            self._wait(restore, self.restore_timeout_s, progress)
-        promoted = _decided(restore, "promote", [f"restored: {current.short()} regressed"] + reasons, report)
-        state.history, state.stable, state.candidate = appended(state.history, promoted), promoted, None
-        self._save(state)
-        self._switch(promoted, progress)
-        self._retire(current, promoted, progress)
-        return f"{current.short()} marked regressed; {previous.short()} restored in {restore.colour} and serving"
+        return restore
 
     # ---- writes ----
 
+    def _clear_colour(self, record: ReleaseRecord, progress: Progress, step: str) -> None:
+        """A RayService of another release left in `record`'s colour (a run that died after promote,
+        or one still terminating after a rollback) goes first: applying over it would upgrade it in place."""
+        rs = self.kube.get("RayService", obj.rs_name(record))
+        if rs is None or rs["metadata"].get("deletionTimestamp"):
+            return
+        if (rs["metadata"].get("annotations") or {}).get(DIGEST_ANNOTATION) != record.digest:
+            progress(f"[{step}] removing leftover RayService {obj.rs_name(record)} (not recorded in any slot)")
+            self._remove_colour(record, progress, step, uid=rs["metadata"].get("uid"))
+            self._wait_gone(obj.rs_name(record), progress, step)
+
     def _apply_release(self, record: ReleaseRecord, progress: Progress) -> None:
         self._wait_gone(obj.rs_name(record), progress)
+        if self._selected(record) == record.colour:   # users are on this colour: only its own release again
+            rs = self.kube.get("RayService", obj.rs_name(record))
+            held = ((rs or {}).get("metadata", {}).get("annotations") or {}).get(DIGEST_ANNOTATION)
+            if rs is not None and held != record.digest:
+                raise TargetError(f"refusing to apply {record.short()} over {obj.rs_name(record)}: Service "
+                                  f"{obj.service_name(record)} routes users to it (it holds {held})",
+                                  ["`pdops status` shows what serves; `pdops rollback` converges the slots"])
         for o in obj.release_objects(record, self.namespace):
             self._check_lock()
             self.kube.apply(o)
@@ -187,32 +282,58 @@ class Slots:
         self._check_lock()
         service = obj.stable_service(record, self.namespace)
         self.kube.apply(service)
+        if self.dry_run:
+            self._dry_selected = record.colour
         progress(f"[promote] Service {service['metadata']['name']} now selects {record.colour} "
                  f"({obj.rs_name(record)}, {record.short()}){' (dry run)' if self.dry_run else ''}")
 
-    def _retire(self, old: ReleaseRecord, new: ReleaseRecord, progress: Progress) -> None:
+    def _retire(self, old: ReleaseRecord, new: ReleaseRecord, progress: Progress, step: str = "promote") -> None:
         """Delete the old colour once the Service routes to the new one only, after a grace period."""
         if not self.dry_run and not traffic.drain(self.kube, obj.service_name(new), new.colour, self.drain_grace_s,
                                                   min(self.restore_timeout_s, DRAIN_TIMEOUT_S), self.poll_s, progress):
-            progress(f"[promote] kept {obj.rs_name(old)}: users may still reach it; the next rollout or "
+            progress(f"[{step}] kept {obj.rs_name(old)}: users may still reach it; the next rollout or "
                      "`pdops rollback` removes it")
             return
-        self._remove_colour(old, progress, "promote")  # frees its GPUs; history can redeploy it
+        self._remove_colour(old, progress, step)  # frees its GPUs; history can redeploy it
 
     def _service_colour(self, record: ReleaseRecord) -> str | None:
         service = self.kube.get("Service", obj.service_name(record))
         return ((service or {}).get("spec") or {}).get("selector", {}).get(COLOUR_LABEL)
 
-    def _remove_colour(self, record: ReleaseRecord, progress: Progress, step: str = "rollback") -> None:
-        """Delete a colour's RayService and PDBs (KubeRay deletes its RayCluster and pods)."""
+    def _selected(self, record: ReleaseRecord) -> str | None:
+        """The colour users reach: the Service's selector (in a dry run, as this run's own switch left it)."""
+        if self.dry_run and self._dry_selected is not None:
+            return self._dry_selected
+        return self._service_colour(record)
+
+    def _remove_colour(self, record: ReleaseRecord, progress: Progress, step: str = "rollback",
+                       uid: str | None = None) -> None:
+        """Delete a colour's RayService and PDBs (KubeRay deletes its RayCluster and pods), never the colour
+        the Service selects. Each delete carries the uid read (`uid`: the RayService the caller decided on)."""
+        if self._selected(record) == record.colour:
+            raise TargetError(f"refusing to delete {obj.rs_name(record)}: Service {obj.service_name(record)} "
+                              "routes users to it", ["`pdops status` shows what serves; `pdops rollback` "
+                                                     "moves users to the stable slot first"])
         for o in obj.release_objects(record, self.namespace):
             if o["kind"] in obj.SHARED_KINDS:
                 continue
             self._check_lock()
-            if self.kube.delete(o["kind"], o["metadata"]["name"]):
-                progress(f"[{step}] deleted {o['kind']}/{o['metadata']['name']}{' (dry run)' if self.dry_run else ''}")
+            name = o["metadata"]["name"]
+            found = self.kube.get(o["kind"], name)
+            if found is None or found["metadata"].get("deletionTimestamp"):
+                continue
+            want = uid if o["kind"] == "RayService" and uid else found["metadata"].get("uid")
+            if self.kube.delete(o["kind"], name, uid=want):
+                progress(f"[{step}] deleted {o['kind']}/{name}{' (dry run)' if self.dry_run else ''}")
 
 
 def _decided(record: ReleaseRecord, verdict: str, reasons: list[str], report: str | None) -> ReleaseRecord:
     return record.model_copy(update={"verdict": verdict, "reasons": list(reasons), "report": report,
                                      "decided_at": time.time()})
+
+
+def _is_restore(state: State, candidate: ReleaseRecord) -> bool:
+    """The pending candidate is a restore an earlier `rollback --to-previous` recorded and did not finish."""
+    good = last_good(state.history)
+    return (state.stable is not None and state.stable.verdict == "regressed" and good is not None
+            and good.digest == candidate.digest and candidate.colour != state.stable.colour)
