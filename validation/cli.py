@@ -8,69 +8,27 @@ import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
-from pydantic import BaseModel
-
-from validation.reports.base import ReportModel
-from workflows.errors import InputError
+from validation.cli_args import (
+    ReleaseReader,
+    count as _count,
+    err as _err,
+    http_url as _http_url,
+    nonnegative as _nonnegative,
+    output_dir as _output_dir,
+    output_file as _output_file,
+    positive as _positive,
+    positive_int as _positive_int,
+    write_json as _write_json,
+)
+from validation.errors import InputError
 
 if TYPE_CHECKING:
     from validation.reports.bench import BenchReport
 
 
-def _err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _write_json(path: str | None, data: ReportModel | BaseModel | dict[str, Any]) -> None:
-    if path:
-        p = Path(path)
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(data.to_json() if isinstance(data, ReportModel) else
-                         data.model_dump_json(indent=2) if isinstance(data, BaseModel) else
-                         json.dumps(data, indent=2, default=str))
-        except OSError as exc:
-            raise InputError(p, "", f"cannot write: {exc.strerror}") from None
-        _err(f"wrote {p}")
-
-
-# ---- argument types: a bad flag is a usage error (exit 2) before any request is sent ----------
-def _http_url(text: str) -> str:
-    url = urlparse(text)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise argparse.ArgumentTypeError(f"expected http(s)://HOST[:PORT]/PATH, got {text!r}")
-    return text
-
-
-def _number(kind, low: float, low_ok: bool):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (value == low and not low_ok):
-            bound = ">=" if low_ok else ">"
-            raise argparse.ArgumentTypeError(f"expected a finite number {bound} {low:g}, got {text!r}")
-        return value
-    return parse
-
-
-_positive_int, _count, _positive = _number(int, 0, False), _number(int, 0, True), _number(float, 0, False)
-_nonnegative = _number(float, 0, True)
-
-
-def _output_file(text: str) -> str:
-    if Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a directory; expected a file to write")
-    return text
-
-
-def _output_dir(text: str) -> str:
-    if Path(text).exists() and not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
-    return text
+# The argument types and output helpers are shared with `pdops diff` (validation/diff/command.py),
+# which sits below this module: they live in validation/cli_args.py, named locally as before.
 
 
 def _fmt(v) -> str:
@@ -223,13 +181,21 @@ def _refuse_unjudgeable(path: str, benches: list[BenchReport]) -> None:
         raise InputError(path, (f"[{i}]." if len(benches) > 1 else "") + first.field, first.problem + more, first.fix)
 
 
+def _reader(args) -> ReleaseReader:
+    read = getattr(args, "read_release", None)
+    if read is None:
+        raise InputError("command line", "--release", "this entry point reads no release.yaml",
+                         "run the command as `pdops` (workflows/cli.py), which reads the release spec")
+    return read
+
+
 def cmd_gate(args) -> int:
     from validation import gate, report
     from validation.reports.compat import CompatReport
-    from workflows.spec import load_spec
     release = Path(args.release)
+    read = _reader(args)
     try:
-        spec = load_spec(release.parent)
+        spec = read(release)   # ReleaseInputs: the release's slo, validation and pricing
         slo = spec.slo
     except Exception as e:  # noqa: BLE001
         _err(f"cannot load release spec from {release.parent}: {e}")
@@ -245,9 +211,8 @@ def cmd_gate(args) -> int:
     if args.inconclusive:
         slo = slo.model_copy(update={"statistics": slo.statistics.model_copy(
             update={"inconclusive": args.inconclusive, "max_looks": 1})})
-    from validation.cost import add_costs
     try:
-        unpriced = add_costs(benches, release.parent)   # $ per run on the overlay's nodes (validation/cost.py)
+        unpriced = spec.price(benches)   # $ per run on the overlay's nodes (workflows/pricing.py add_costs)
         if unpriced:
             _err(unpriced)
         # one run of each load is all this command has: with inconclusive: extend it judges the
@@ -276,8 +241,7 @@ def cmd_plan_load(args) -> int:
     from validation.gate import bench_label
 
     if args.release:
-        from workflows.spec import load_spec
-        slo = load_spec(Path(args.release).parent).slo
+        slo = _reader(args)(Path(args.release)).slo
     else:
         slo = SLO()
     if args.confidence or args.power:
@@ -326,14 +290,15 @@ def cmd_plan_load(args) -> int:
     return rc
 
 
-def register(sub) -> None:
+def register(sub, read_release: ReleaseReader | None = None) -> None:
+    """The commands of validation/; `read_release` reads a release.yaml for gate and plan-load."""
     p = sub.add_parser("plan-load", help="requests a run needs to detect a regression, from a pilot bench JSON")
     p.add_argument("pilot", help="a bench JSON (`pdops bench --json`) or a report.json with benches")
     p.add_argument("--release", help="overlays/<env>/release.yaml: its vs_stable factors and slo.statistics")
     p.add_argument("--regression", type=_positive, default=0.15, help="fraction, e.g. 0.15 for +15%%")
     p.add_argument("--confidence", type=_positive, help="override slo.statistics.confidence")
     p.add_argument("--power", type=_positive, help="override slo.statistics.power")
-    p.set_defaults(func=cmd_plan_load)
+    p.set_defaults(func=cmd_plan_load, read_release=read_release)
 
     p = sub.add_parser("compat", help="OpenAI-compatibility suite against a serving endpoint")
     p.add_argument("--base-url", required=True, type=_http_url, help="e.g. http://127.0.0.1:8000/v1")
@@ -385,7 +350,7 @@ def register(sub) -> None:
     p.add_argument("--inconclusive", choices=("fail", "point_estimate"),
                    help="override slo.statistics.inconclusive (pd-canary: point_estimate, so a 16-request "
                         "check of the stable release acts only on what it measured)")
-    p.set_defaults(func=cmd_gate)
+    p.set_defaults(func=cmd_gate, read_release=read_release)
 
     from validation.diff.command import register as register_diff  # `pdops diff` (validation/diff/)
     register_diff(sub)

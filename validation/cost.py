@@ -10,56 +10,20 @@ per phase and in total, from the run's measured throughput and the nodes the rel
 Tokens are the server's usage counts (prompt_tokens, completion_tokens) of successful requests
 over the run's wall time; the run is the release's whole throughput, so every phase is charged
 for the same tokens. The CPU head pod on the system node group is not priced. Prices come from
-workflows/data/prices.yaml (region, date, source in the file) overridden by the spec's `cost`.
+workflows/data/prices.yaml (region, date, source in the file) overridden by the spec's `cost`:
+that side, which reads the release, is workflows/pricing.py (validation/ imports nothing of workflows/).
 """
 from __future__ import annotations
 
-import functools
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
-
-import yaml
 
 from validation.reports.bench import BenchReport
 from validation.reports.cost import Cost, PhaseCost, Rates, Throughput
 from validation.reports.decision import Check
-from workflows.manifest import Rendered
-from workflows.serve_config import PHASES
-from workflows.spec import ReleaseSpec
 
-PRICES = Path(__file__).resolve().parent.parent / "workflows" / "data" / "prices.yaml"
+PHASES = ("prefill", "decode")   # the same two as workflows/serve_config.py PHASES
 FORMULA = "phase nodes x $/hour / (measured tokens/s x 3600) x 1e6; per 1,000 requests likewise"
-
-
-@functools.lru_cache(maxsize=1)
-def pinned_prices() -> dict[str, Any]:
-    return yaml.safe_load(PRICES.read_text(encoding="utf-8"))
-
-
-def price_of(instance: str, spec: ReleaseSpec) -> tuple[float | None, str]:
-    """(USD per hour, where it comes from) for an instance type in the spec's region."""
-    if instance in spec.cost.prices:
-        return spec.cost.prices[instance], "release.yaml cost.prices"
-    table = pinned_prices()
-    region = spec.cost.region or table["region"]
-    row = table["prices"].get(instance)
-    if region != table["region"] or row is None:
-        return None, f"no pinned price for {instance} in {region}: set cost.prices.{instance} in release.yaml"
-    flag = " (unverified)" if row.get("unverified") else ""
-    return float(row["usd_per_hour"]), f"prices.yaml {table['region']} {table['pinned']} [{row['source']}]{flag}"
-
-
-def phase_nodes(rendered: Rendered) -> dict[str, tuple[str, float]]:
-    """Phase -> (instance type, nodes it holds) from the rendered worker groups."""
-    from workflows.checks.instances import phase_instances, takes_node
-    from workflows.checks.rules import GPU, _limit
-
-    out = {}
-    for name, (_, group, it_name, it) in phase_instances(rendered).items():
-        pods = int(group.get("replicas") or group.get("minReplicas") or 1)
-        share = 1.0 if it is None or takes_node(group, it) else min(1.0, _limit(group, GPU) / it.gpus)
-        out[name] = (it_name, pods * share)
-    return out
 
 
 def _per(usd_per_hour: float, per_second: float, unit: float) -> float | None:
@@ -73,29 +37,32 @@ def _rates(usd_per_hour: float, tput: Throughput) -> dict[str, float | None]:
             "usd_per_1k_requests": _per(usd_per_hour, tput.requests_per_s or 0, 1e3)}
 
 
-def bench_cost(bench: BenchReport | dict[str, Any], spec: ReleaseSpec, rendered: Rendered) -> Cost:
-    """The run's cost (a null per-unit figure: that throughput was zero; Cost.missing says so)."""
+def cost_of(bench: BenchReport | dict[str, Any], nodes: dict[str, tuple[str, float]],
+            price: Callable[[str], tuple[float | None, str]], phases: Sequence[str] = PHASES) -> Cost:
+    """The run's cost from typed inputs: `nodes` maps a phase to (instance type, nodes it holds),
+    `price` an instance type to (USD per hour or None, where it comes from / why not). The release's
+    side (which nodes, which prices) is workflows/pricing.py. A null per-unit figure: that
+    throughput was zero; Cost.missing says so."""
     b = BenchReport.coerce(bench)
     tput = Throughput(input_tokens_per_s=b.input_token_throughput_tps or 0.0,
                       output_tokens_per_s=b.output_token_throughput_tps or 0.0,
                       requests_per_s=b.request_throughput_rps or 0.0, wall_s=b.wall_s or 0.0)
-    nodes = phase_nodes(rendered)
-    missing = [n for n in PHASES if n not in nodes]
+    missing = [n for n in phases if n not in nodes]
     if missing:
         return Cost(formula=FORMULA, throughput=tput, priced=False,
                     reason=f"{', '.join(missing)} not pinned to an instance type "
                     "(node.kubernetes.io/instance-type): nothing to price")
     total = 0.0
-    phases: dict[str, PhaseCost] = {}
-    for name in PHASES:
+    by_phase: dict[str, PhaseCost] = {}
+    for name in phases:
         it, count = nodes[name]
-        price, source = price_of(it, spec)
-        if price is None:
+        usd, source = price(it)
+        if usd is None:
             return Cost(formula=FORMULA, throughput=tput, priced=False, reason=source)
-        phases[name] = PhaseCost.model_validate({"instance_type": it, "nodes": count, "usd_per_node_hour": price,
-                                                 "price_source": source, **_rates(count * price, tput)})
-        total += count * price
-    return Cost(formula=FORMULA, throughput=tput, phases=phases, priced=True,
+        by_phase[name] = PhaseCost.model_validate({"instance_type": it, "nodes": count, "usd_per_node_hour": usd,
+                                                   "price_source": source, **_rates(count * usd, tput)})
+        total += count * usd
+    return Cost(formula=FORMULA, throughput=tput, phases=by_phase, priced=True,
                 total=Rates.model_validate(_rates(total, tput)))
 
 
@@ -113,25 +80,6 @@ def vs_stable_cost(candidate: BenchReport, stable: BenchReport, factor: float,
     r = c / s
     return Check(check="vs_stable_cost", ok=r <= factor, message=f"{label}: ${c:.4f} per 1,000 requests is {r:.2f}x "
                  f"stable ${s:.4f} (limit {factor}x)", bench=label, value=r, limit=factor)
-
-
-def add_costs(benches: list[BenchReport], overlay: Path) -> str | None:
-    """Price benches that carry no `cost` yet (`pdops gate` on runs of `pdops bench`) on the overlay's
-    nodes. Returns why nothing was priced, or None."""
-    from workflows.errors import InputError
-    from workflows.manifest import render
-
-    todo = [b for b in benches if b.cost is None]
-    if not todo:
-        return None
-    try:
-        rendered = render(Path(overlay), validate_serve_config=False)
-    except InputError as exc:
-        return f"runs not priced: {exc.render()}"
-    assert rendered.spec is not None
-    for b in todo:
-        b.cost = bench_cost(b, rendered.spec, rendered)
-    return None
 
 
 def markdown_lines(labels_and_benches: list[tuple[str, BenchReport]]) -> list[str]:

@@ -181,7 +181,7 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
                       for c in bad[:3]), value=golden.matched, limit=golden.prompts)
 
     if diff is not None:  # pdops diff (validation/diff/): P/D vs single engine, unexpected divergences block
-        from validation.diff.release import gate_check
+        from validation.diff.verdict import gate_check
         add("diff", *gate_check(diff))
 
     for name, reason in (skipped or {}).items():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from workflows.errors import InputError
+from validation.errors import InputError
 
 FORMATS = ("auto", "mooncake", "azure", "jsonl")
 MAX_TOKENS = 1_000_000          # a length beyond this is a damaged trace, not a request

@@ -136,8 +136,8 @@ def unified(root: Path, changed: dict[Path, tuple[str | None, str]]) -> str:
 
 def check_patch(overlay: Path, patch: str, schema_dir: Path | None = None) -> list[str]:
     """The blocking findings of `pdops check` on a copy of what the overlay reads, with the patch applied."""
+    from workflows.checks.run import blocking, check_rendered
     from workflows.checks.schema import schema_dir_from_env
-    from workflows.steps import blocking, check_rendered
 
     root = repository_root(overlay)
     with tempfile.TemporaryDirectory(prefix="pdops-advise-") as tmp:

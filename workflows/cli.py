@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from workflows.errors import InputError, MissingDependency
 from workflows.targets.base import EXIT_TRANSIENT, TargetError
@@ -40,7 +41,8 @@ def _print_findings(findings, stream) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from workflows.steps import blocking, check_rendered, load_release
+    from workflows.checks.run import blocking, check_rendered
+    from workflows.manifest import load_release
 
     rendered = load_release(args.overlay, None)
     findings = check_rendered(rendered, _schema_dir(args))
@@ -86,7 +88,8 @@ def cmd_check_changed(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from workflows.steps import blocking, check_rendered, load_release
+    from workflows.checks.run import blocking, check_rendered
+    from workflows.manifest import load_release
 
     if getattr(args, "changed", None) is not None:
         return cmd_check_changed(args)
@@ -185,10 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
 
+    from workflows.pricing import release_inputs
+
+    # validation/ reads no release.yaml itself: its gate and plan-load get the reader from here
+    extra: dict[str, dict[str, Any]] = {"validation.cli": {"read_release": release_inputs}}
     for module in ("workflows.release_cli", "workflows.validate_cli", "validation.cli", "workflows.argo",
                    "workflows.adopt_cli", "workflows.advise_patch"):  # commands owned by those modules
         if importlib.util.find_spec(module) is not None:
-            importlib.import_module(module).register(sub)
+            importlib.import_module(module).register(sub, **extra.get(module, {}))
     return parser
 
 

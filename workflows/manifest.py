@@ -17,10 +17,11 @@ from typing import Any
 
 import yaml
 
+from validation.yaml_input import parse_yaml, read_yaml_file
 from workflows import cache
 from workflows.errors import InputError
 from workflows.serve_config import build_serve_config, validate_with_ray
-from workflows.spec import SPEC_FILE, ReleaseSpec, load_spec, parse_yaml, read_yaml_file
+from workflows.spec import SPEC_FILE, ReleaseSpec, load_spec, repository_file, repository_root
 
 KUBECTL_VERSION = "v1.37.1"
 # Known context limit of the model, carried in the manifest so `check -f` can use it too.
@@ -42,26 +43,6 @@ _PATH_LISTS = ("resources", "components", "bases", "crds", "configurations", "ge
                "validators", "patchesStrategicMerge")
 _PATH_ITEMS = ("patches", "patchesJson6902", "replacements")   # lists of {path: FILE, ...}
 _INCLUDES = ("resources", "components", "bases")                # directories are kustomizations too
-
-
-def repository_root(overlay: Path) -> Path:
-    """The folder holding kustomize/ (beside overlays/): everything an overlay uses lies inside it."""
-    overlay = overlay.resolve()
-    return next((d for d in (overlay, *overlay.parents) if (d / "kustomize").is_dir()), overlay)
-
-
-def repository_file(base: Path, relative: str, spec_file: str | Path, field: str, fix: str) -> Path:
-    """A file a release.yaml names relative to `base` (its overlay): it must exist inside the
-    repository (what the Argo step checked out is all a release may read). `fix` says where such
-    files belong."""
-    root = repository_root(Path(base))
-    path = (Path(base) / relative).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise InputError(spec_file, field, f"{relative!r} points outside the repository ({root})", fix)
-    if not path.is_file():
-        raise InputError(spec_file, field, f"{relative!r}: no such file (looked for {path})",
-                         "commit the file, or fix the path (relative to the overlay)")
-    return path
 
 
 def _list(value: Any) -> list[Any]:
@@ -293,3 +274,17 @@ def load_manifest(path: str) -> Rendered:
     if bad:
         raise InputError(name, f"document {bad[0] + 1}", "not a Kubernetes object (no `kind`)")
     return Rendered(objects=objects, file=name)
+
+
+def load_release(overlay: str | None, manifest: str | None) -> Rendered:
+    """An overlay (rendered now) or an already rendered manifest file ('-' for stdin)."""
+    if manifest is not None:
+        return load_manifest(manifest)
+    if overlay is None:
+        raise InputError("", "", "nothing to check", "pass an overlay directory or -f FILE")
+    path = Path(overlay)
+    if path.is_file():
+        return load_manifest(overlay)
+    if not path.is_dir():
+        raise InputError(overlay, "", "no such overlay directory", "pass e.g. overlays/local")
+    return render(path)

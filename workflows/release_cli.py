@@ -111,8 +111,10 @@ def cmd_release(args: argparse.Namespace) -> int:
 def cmd_rollout(args: argparse.Namespace) -> int:
     """Argo's rollout step: render + check the overlay, apply it as the candidate, wait until it serves."""
     from workflows import step_outputs
+    from workflows.checks.run import blocking, check_rendered
     from workflows.checks.schema import schema_dir_from_env
-    from workflows.steps import blocking, check_rendered, load_release, record_of, revision_of
+    from workflows.manifest import load_release
+    from workflows.steps import record_of, revision_of
 
     say = _progress(time.monotonic())
     rendered = load_release(args.overlay, None)

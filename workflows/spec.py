@@ -6,23 +6,18 @@ overlay's kustomization, so a typo here must fail loudly with the file and field
 from __future__ import annotations
 
 import os
-import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from validation.config import SLO, Validation
+from validation.diff import known, scenarios
+from validation.yaml_input import field_path, read_yaml_file
 from workflows import tiny_model
 from workflows.errors import InputError
 
 SPEC_FILE = "release.yaml"
-MAX_SPEC_BYTES = 256 * 1024
-# What one YAML document may expand to (aliases count each time they are used) and how deep it may
-# nest: far above any real spec or kustomization, far below what exhausts the parser or the dumper.
-MAX_YAML_NODES = 20_000
-MAX_YAML_DEPTH = 32
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 # Parts of an environment variable name that say it holds a credential (HF_TOKEN, VLLM_API_KEY, ...).
@@ -189,13 +184,6 @@ class ReleaseSpec(_Strict):
     metrics: Metrics = Metrics()
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
 def parse_spec(data: Any, file: str | os.PathLike[str]) -> ReleaseSpec:
     if not isinstance(data, dict):
         raise InputError(file, "", f"expected a mapping at the top level, got {type(data).__name__}",
@@ -205,7 +193,7 @@ def parse_spec(data: Any, file: str | os.PathLike[str]) -> ReleaseSpec:
     except ValidationError as exc:
         err = exc.errors()[0]
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        field = _field_path(err["loc"])
+        field = field_path(err["loc"])
         if err["type"] == "extra_forbidden":
             problem = "unknown field" + more
             fix = "remove it or fix its spelling (docs/release-spec.md lists every field)"
@@ -216,116 +204,52 @@ def parse_spec(data: Any, file: str | os.PathLike[str]) -> ReleaseSpec:
         raise InputError(file, field, problem, fix) from None
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently: a second
-    `prefill:` block would replace the first without a word)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                duplicate = key in seen
-                seen.add(key)
-            except TypeError:  # unhashable: SafeLoader itself rejects it below
-                continue
-            if duplicate:
-                raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
-                                                        f"duplicate key {key!r}", key_node.start_mark)
-        return super().construct_mapping(node, deep)
-
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        try:
-            return super().construct_object(node, deep)
-        except (ValueError, OverflowError) as exc:  # an int past 4300 digits, a 30th of February...
-            kind = node.tag.rpartition(":")[2]
-            raise yaml.constructor.ConstructorError(None, None, f"cannot read this {kind}: {str(exc).split(';')[0]}",
-                                                    node.start_mark) from None
-
-
-def _bad_char(text: str) -> str | None:
-    """The first control, invisible-format (bidi override, zero-width) or surrogate character."""
-    for c in text:
-        if unicodedata.category(c) in ("Cc", "Cf", "Cs") and c not in "\t\n\r":
-            return f"U+{ord(c):04X}" + (f" ({unicodedata.name(c)})" if unicodedata.name(c, "") else "")
-    return None
-
-
-def _check_tree(doc: Any, file: str | os.PathLike[str]) -> None:
-    """Bound size, depth (aliases included) and numbers; refuse hidden characters; name the field."""
-    stack: list[tuple[tuple[Any, ...], Any]] = [((), doc)]
-    nodes = 0
-    while stack:
-        loc, value = stack.pop()
-        nodes += 1
-        if nodes > MAX_YAML_NODES:
-            raise InputError(file, "", f"expands to more than {MAX_YAML_NODES} values (YAML aliases count each use)",
-                             "write the values out; a release spec or kustomization is a short file")
-        if len(loc) > MAX_YAML_DEPTH:
-            raise InputError(file, _field_path(loc[:MAX_YAML_DEPTH]), f"nested deeper than {MAX_YAML_DEPTH} levels")
-        if isinstance(value, dict):
-            stack += [(loc + (k,), v) for k, v in value.items()]
-            texts, what = [k for k in value if isinstance(k, str)], "a key"
-        elif isinstance(value, list):
-            stack += [(loc + (i,), v) for i, v in enumerate(value)]
-            texts, what = [], ""
-        else:
-            texts, what = [value] if isinstance(value, str) else [], "the value"
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not abs(value) < 2**63:
-            raise InputError(file, _field_path(loc), "number is infinite, not a number, or beyond 64 bits",
-                             "use a finite number within ±9.2e18")
-        bad = next((b for b in map(_bad_char, texts) if b), None)
-        if bad:
-            raise InputError(file, _field_path(loc), f"{what} contains {bad}, a control or invisible character",
-                             "retype it in plain text (hidden characters make what you read differ from what runs)")
-
-
-def parse_yaml(text: str, file: str | os.PathLike[str]) -> list[Any]:
-    """The documents of a YAML text, each bounded by _check_tree; errors name the file and position."""
-    try:
-        docs = list(yaml.load_all(text, Loader=_Loader))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(file, where, f"invalid YAML: {problem}", "fix the YAML syntax at that position") from None
-    except RecursionError:
-        raise InputError(file, "", f"invalid YAML: nested deeper than {MAX_YAML_DEPTH} levels") from None
-    for doc in docs:
-        _check_tree(doc, file)
-    return docs
-
-
-def read_yaml_file(path: Path, max_bytes: int = MAX_SPEC_BYTES) -> Any:
-    """YAML from a user file, with errors that say where; one document only, size-bounded."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(path, "", "file not found", "create it or pass the right path") from None
-    except IsADirectoryError:
-        raise InputError(path, "", "is a directory, expected a YAML file") from None
-    except OSError as exc:
-        raise InputError(path, "", f"cannot read: {exc.strerror}") from None
-    if len(raw) > max_bytes:
-        raise InputError(path, "", f"file is {len(raw)} bytes, the limit is {max_bytes}",
-                         "a release spec is a short file; move data elsewhere")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(path, "", f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from None
-    docs = parse_yaml(text, path)
-    if len(docs) != 1:
-        raise InputError(path, "", f"expected exactly one YAML document, found {len(docs)}")
-    return docs[0]
-
-
 def load_spec(overlay: Path) -> ReleaseSpec:
     path = Path(overlay) / SPEC_FILE
     spec = parse_spec(read_yaml_file(path), path)
     if spec.validation.scenarios or spec.validation.known_divergences:  # pdops diff's files: exist and parse
-        from validation.diff.scenarios import spec_files
-
         spec_files(spec.validation, path)
     return spec
+
+
+def repository_root(overlay: Path) -> Path:
+    """The folder holding kustomize/ (beside overlays/): everything an overlay uses lies inside it."""
+    overlay = overlay.resolve()
+    return next((d for d in (overlay, *overlay.parents) if (d / "kustomize").is_dir()), overlay)
+
+
+def repository_file(base: Path, relative: str, spec_file: str | Path, field: str, fix: str) -> Path:
+    """A file a release.yaml names relative to `base` (its overlay): it must exist inside the
+    repository (what the Argo step checked out is all a release may read). `fix` says where such
+    files belong."""
+    root = repository_root(Path(base))
+    path = (Path(base) / relative).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise InputError(spec_file, field, f"{relative!r} points outside the repository ({root})", fix)
+    if not path.is_file():
+        raise InputError(spec_file, field, f"{relative!r}: no such file (looked for {path})",
+                         "commit the file, or fix the path (relative to the overlay)")
+    return path
+
+
+def spec_files(validation: Validation, release_file: str | Path) -> tuple[list[Path], Path | None]:
+    """The release's `validation.scenarios` and `validation.known_divergences` as paths, each
+    checked now (exists, inside the repository, parses) so a bad file blocks the release before
+    anything is applied. Paths are relative to the release.yaml (as traces are); the repository
+    is repository_root (the folder holding kustomize/); one helper (repository_file) checks them
+    and traces alike."""
+    release_file = Path(release_file)
+    base = release_file.parent
+
+    def resolve(rel: str, field: str) -> Path:
+        return repository_file(base, rel, release_file, field,
+                               "keep scenario and known-divergence files in the repository, next to the overlay")
+
+    paths = [resolve(rel, f"validation.scenarios[{i}]") for i, rel in enumerate(validation.scenarios)]
+    for p in paths:
+        scenarios.load(p)
+    known_path = None
+    if validation.known_divergences:
+        known_path = resolve(validation.known_divergences, "validation.known_divergences")
+        known.load(known_path)
+    return paths, known_path

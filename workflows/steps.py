@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workflows.checks.findings import Finding
-from workflows.checks.rules import lint
+from workflows.checks.run import blocking, check_rendered
 from workflows.errors import InputError
-from workflows.manifest import Rendered, load_manifest, render
+from workflows.manifest import Rendered, load_release
 from workflows.serve_config import build_serve_config, validate_with_ray
-from workflows.spec import ReleaseSpec, load_spec
+from workflows.spec import ReleaseSpec, load_spec, spec_files
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, Skipped, Target, TargetError
 
 if TYPE_CHECKING:
@@ -28,38 +27,6 @@ def build_config(overlay: Path) -> dict[str, Any]:
     config = build_serve_config(spec)
     validate_with_ray(config, str(Path(overlay) / "release.yaml"))
     return config
-
-
-def check_rendered(rendered: Rendered, schema_dir: Path) -> list[Finding]:
-    """Every finding for a rendered release: cross-layer rules, then the pinned schemas."""
-    from workflows.checks.schema import validate_objects
-
-    findings = lint(rendered)
-    if rendered.overlay is None and rendered.serve_config:
-        # An overlay's serve config was validated by Ray while rendering; a file's was not.
-        try:
-            validate_with_ray(rendered.serve_config, rendered.file)
-        except InputError as exc:
-            findings.append(Finding("serve-config", exc.problem, exc.file, exc.field, exc.fix))
-    return findings + validate_objects(rendered.objects, schema_dir, rendered.file)
-
-
-def load_release(overlay: str | None, manifest: str | None) -> Rendered:
-    """An overlay (rendered now) or an already rendered manifest file ('-' for stdin)."""
-    if manifest is not None:
-        return load_manifest(manifest)
-    if overlay is None:
-        raise InputError("", "", "nothing to check", "pass an overlay directory or -f FILE")
-    path = Path(overlay)
-    if path.is_file():
-        return load_manifest(overlay)
-    if not path.is_dir():
-        raise InputError(overlay, "", "no such overlay directory", "pass e.g. overlays/local")
-    return render(path)
-
-
-def blocking(findings: list[Finding]) -> list[Finding]:
-    return [f for f in findings if f.severity == "error"]
 
 
 # ---- the release: rollout -> validate -> gate -> promote | rollback --------------------------------
@@ -172,7 +139,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                                                           on.prometheus_phase_label, on.metrics_lag_s)
                           if spec.metrics.prometheus_url else None)
         if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
-            from validation.cost import bench_cost
+            from workflows.pricing import bench_cost
             bench.cost = bench_cost(bench, spec, rendered)
         return bench
 
@@ -244,8 +211,10 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
             from validation.diff.release import for_release
 
             progress(f"[validate] differential suite: candidate vs single-engine reference {ref_url}")
+            scenario_files, known_file = spec_files(spec.validation, release_file)
             try:
-                diffed = for_release(endpoint.base_url, ref_url, spec, release_file, run, progress, api_key)
+                diffed = for_release(endpoint.base_url, ref_url, spec.model.id, scenario_files, known_file,
+                                     spec.validation.request_timeout_s, run, progress, api_key)
             except OSError as exc:
                 raise RunFolderError(run / "diff.json", exc) from exc
     replaced = replaced_engines(endpoint, current()) if current else None

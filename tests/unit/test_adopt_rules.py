@@ -241,7 +241,7 @@ def test_sizing_from_a_rendered_manifest_file(rendered, tmp_path):
 
 
 def test_pinned_tables_are_dated_sourced_and_consistent():
-    from validation.cost import pinned_prices
+    from workflows.pricing import pinned_prices
 
     types = table()   # every row validated by InstanceType (extra fields refused)
     for family in ("g5.", "g6.", "g6e.", "p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-b200."):

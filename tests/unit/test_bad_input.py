@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import ROOT
 from workflows.cli import main
-from workflows.spec import MAX_SPEC_BYTES, MAX_YAML_DEPTH, _field_path
+from validation.yaml_input import MAX_SPEC_BYTES, MAX_YAML_DEPTH, field_path
 from workflows.tiny_model import NAME
 
 SCALE = int(os.environ.get("PDOPS_FUZZ_SCALE", "1"))
@@ -141,7 +141,7 @@ def test_base_spec_is_accepted(repo):
        key=st.from_regex(r"x_[a-z0-9_]{0,10}", fullmatch=True))
 def test_unknown_key_anywhere(repo, where, key):
     doc = put(BASE, where + (key,), 1) if where else {**BASE, key: 1}
-    assert_rejected(repo, "release.yaml", spec_text(doc), _field_path(where + (key,)), ("check",), "unknown field")
+    assert_rejected(repo, "release.yaml", spec_text(doc), field_path(where + (key,)), ("check",), "unknown field")
 
 
 junk = st.one_of(st.lists(st.integers(0, 9), max_size=2), st.dictionaries(st.sampled_from("ab"), st.integers(0, 9), max_size=2))
@@ -154,7 +154,7 @@ def test_wrong_type_anywhere(repo, node, data):
     wrong = data.draw(st.lists(st.integers(0, 9), max_size=2) if isinstance(value, dict) else
                       st.dictionaries(st.sampled_from("ab"), st.integers(0, 9), max_size=2) if isinstance(value, list)
                       else junk)
-    assert_rejected(repo, "release.yaml", spec_text(put(BASE, path, wrong)), _field_path(path), ("check",))
+    assert_rejected(repo, "release.yaml", spec_text(put(BASE, path, wrong)), field_path(path), ("check",))
 
 
 @fuzz(10)
@@ -162,14 +162,14 @@ def test_wrong_type_anywhere(repo, node, data):
                                                             st.integers(-(2**300), -1)))
 def test_huge_or_negative_number(repo, node, huge):
     path, _ = node
-    assert_rejected(repo, "release.yaml", spec_text(put(BASE, path, huge)), _field_path(path), ("check",))
+    assert_rejected(repo, "release.yaml", spec_text(put(BASE, path, huge)), field_path(path), ("check",))
 
 
 @fuzz(8)
 @given(node=st.sampled_from(spec_nodes(str)), size=st.integers(33_000, MAX_SPEC_BYTES - 2_000))
 def test_huge_string(repo, node, size):
     path, _ = node
-    assert_rejected(repo, "release.yaml", spec_text(put(BASE, path, "a" * size)), _field_path(path), ("check",))
+    assert_rejected(repo, "release.yaml", spec_text(put(BASE, path, "a" * size)), field_path(path), ("check",))
 
 
 @fuzz(10)
@@ -197,7 +197,7 @@ def test_hidden_characters_in_values_and_keys(repo, node, char, at):
         value = {key[:at] + char + key[at:] if k == key else k: v for k, v in value.items()}
     else:
         value = value[:at] + char + value[at:]
-    assert_rejected(repo, "release.yaml", spec_text(put(BASE, path, value)), _field_path(path), ("check",),
+    assert_rejected(repo, "release.yaml", spec_text(put(BASE, path, value)), field_path(path), ("check",),
                     f"U+{ord(char):04X}")
 
 

@@ -18,7 +18,7 @@ from workflows import cache, manifest
 from workflows.errors import InputError
 from workflows.serve_config import build_serve_config, validate_with_ray
 from workflows.spec import load_spec
-from workflows.steps import check_rendered
+from workflows.checks.run import check_rendered
 
 
 @pytest.fixture

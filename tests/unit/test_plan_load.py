@@ -10,6 +10,7 @@ from tests.fakes.known_timing_server import KnownTimingServer
 from validation import metrics, profiles
 from validation.bench import run_bench
 from validation.cli import main
+from workflows.cli import main as pdops
 
 
 def test_jittered_fake_to_samples_to_plan_load(tmp_path, capsys):
@@ -56,7 +57,7 @@ def test_gate_cli_inconclusive_override(tmp_path):
         "name: pd-llm\nmodel: {id: m, source: s}\nslo: {prefill: {ttft_p90_ms: 1000}, kv_transfer: ignored}\n")
     (tmp_path / "compat.json").write_text(json.dumps({"ok": True, "passed": 1, "required_failures": [], "cases": []}))
     args = ["gate", "--compat", str(tmp_path / "compat.json"), "--bench", str(tmp_path / "bench.json"), "--release", str(tmp_path / "env" / "release.yaml")]
-    assert main(args + ["--out", str(tmp_path / "a"), "--json", str(tmp_path / "a.json")]) == 1
+    assert pdops(args + ["--out", str(tmp_path / "a"), "--json", str(tmp_path / "a.json")]) == 1   # `pdops gate`
     check = next(c for c in json.loads((tmp_path / "a.json").read_text())["checks"] if c["check"] == "ttft_p90_ms")
     assert check["verdict"] == "inconclusive" and "16 samples cannot bound a p90" in check["message"]
-    assert main(args + ["--out", str(tmp_path / "b"), "--inconclusive", "point_estimate"]) == 0
+    assert pdops(args + ["--out", str(tmp_path / "b"), "--inconclusive", "point_estimate"]) == 0

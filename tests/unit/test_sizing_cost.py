@@ -11,7 +11,7 @@ from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles
 from validation.bench import run_bench
 from validation.config import SLO, VsStable
-from validation.cost import bench_cost
+from workflows.pricing import bench_cost
 from validation.gate import decide
 from workflows.cli import main
 from workflows.errors import InputError

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import json
 import random
-from types import SimpleNamespace
 
 import pytest
 
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles, report
 from validation.cli import main, register
+from validation.cli_args import ReleaseInputs
 from validation.config import SLO, PrefillSLO, Validation
+from validation.errors import InputError
 from validation.gate import decide
 
 
@@ -60,7 +61,7 @@ def test_verify_lengths_reports_mismatch():
     assert v["output_mismatches"] == 1 and v["prompt_mismatch"]
 
 
-def test_cli_bench_compat_gate(tmp_path, monkeypatch, capsys):
+def test_cli_bench_compat_gate(tmp_path, capsys):
     with KnownTimingServer(first_token_delay=0.02, inter_token_delay=0.002, tokens=16) as s:
         rc = main(["bench", "--base-url", s.base_url, "--model", "fake-model", "--prompt-tokens", "20",
                    "--output-tokens", "16", "--concurrency", "2", "--requests", "4", "--warmup", "1",
@@ -77,12 +78,18 @@ def test_cli_bench_compat_gate(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "ttft" in out and "models_list" in out
 
-    import workflows.spec
-    monkeypatch.setattr(workflows.spec, "load_spec",
-                        lambda p: SimpleNamespace(slo=SLO(prefill=PrefillSLO(ttft_p90_ms=500)),
-                                                  validation=Validation(), name="pd-llm"))
-    rc = main(["gate", "--compat", str(tmp_path / "c.json"), "--bench", str(tmp_path / "b.json"),
-               "--release", str(tmp_path / "release.yaml"), "--out", str(tmp_path / "out")])
+    gate_argv = ["gate", "--compat", str(tmp_path / "c.json"), "--bench", str(tmp_path / "b.json"),
+                 "--release", str(tmp_path / "release.yaml"), "--out", str(tmp_path / "out")]
+    # validation/ reads no release.yaml: without a reader (the bare validation CLI) gate is bad input
+    with pytest.raises(InputError, match="reads no release.yaml"):
+        main(gate_argv)
+    # the typed inputs a release.yaml gives the gate (workflows/pricing.py release_inputs builds them)
+    import argparse
+    ap = argparse.ArgumentParser()
+    register(ap.add_subparsers(dest="cmd", required=True), read_release=lambda path: ReleaseInputs(
+        slo=SLO(prefill=PrefillSLO(ttft_p90_ms=500)), validation=Validation(), price=lambda benches: None))
+    args = ap.parse_args(gate_argv)
+    rc = args.func(args)
     # KV transfer is required by default and the fake shows none: rollback
     assert rc == 1
     assert "KV transfer" in capsys.readouterr().out

@@ -14,8 +14,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from validation.cli_args import http_url, output_file, positive, write_json
 from validation.diff import known as known_mod, matrix, runner, scenarios
 from validation.diff.models import Case, Report
+from validation.errors import InputError
 
 
 def _err(msg: str) -> None:
@@ -36,8 +38,6 @@ def coverage_lines(cov: dict) -> list[str]:
 
 def collect_cases(scenario_files: list[str], builtin: bool = True) -> list[Case]:
     """The built-in matrix, then every scenario file's cases; a name used twice is bad input."""
-    from workflows.errors import InputError
-
     out = matrix.cases() if builtin else []
     names = {c.name for c in out}
     for f in scenario_files:
@@ -65,34 +65,30 @@ def diff(base_url: str, reference_url: str, model: str, *, scenario_files: Seque
 
 
 def cmd_diff(args) -> int:
-    from validation.cli import _write_json
-
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:
         _err(f"warning: ${args.api_key_env} is empty")
     report = diff(args.base_url, args.reference_url, args.model, scenario_files=args.scenarios or [],
                   known_file=args.known, api_key=api_key, timeout=args.timeout, builtin=not args.no_matrix)
     print(runner.table(report))
-    _write_json(args.json, json.loads(report.model_dump_json()))
+    write_json(args.json, json.loads(report.model_dump_json()))
     return 0 if report.summary.ok else 1
 
 
 def register(sub) -> None:
-    from validation.cli import _http_url, _output_file, _positive
-
     p = sub.add_parser("diff",
                        help="differential suite: the candidate vs a single-engine reference, request by request",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base-url", required=True, type=_http_url, help="the candidate, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--reference-url", required=True, type=_http_url,
+    p.add_argument("--base-url", required=True, type=http_url, help="the candidate, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--reference-url", required=True, type=http_url,
                    help="one plain (non-disaggregated) engine of the same model, e.g. http://127.0.0.1:8001/v1")
     p.add_argument("--model", required=True, help="the model id both serve")
     p.add_argument("--scenarios", action="append", metavar="FILE",
                    help="JSONL of request bodies (optional name, expect); repeatable")
     p.add_argument("--known", metavar="FILE", help="YAML of known divergences (reported as known, not blocking)")
-    p.add_argument("--json", type=_output_file, help="write the report JSON here")
+    p.add_argument("--json", type=output_file, help="write the report JSON here")
     p.add_argument("--api-key-env", help="environment variable holding the API key (sent to both)")
-    p.add_argument("--timeout", type=_positive, default=120.0, help="seconds per request (default 120)")
+    p.add_argument("--timeout", type=positive, default=120.0, help="seconds per request (default 120)")
     p.add_argument("--no-matrix", action="store_true", help="run only --scenarios, not the built-in matrix")
     p.set_defaults(func=cmd_diff)
 

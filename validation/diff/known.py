@@ -17,7 +17,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from validation.diff.models import CaseResult, KnownDivergence
-from workflows.errors import InputError
+from validation.errors import InputError
+from validation.yaml_input import read_yaml_file  # bounded, duplicate-key-refusing YAML reader
 
 
 class KnownFile(BaseModel):
@@ -26,8 +27,6 @@ class KnownFile(BaseModel):
 
 
 def load(path: str | Path) -> list[KnownDivergence]:
-    from workflows.spec import read_yaml_file  # bounded, duplicate-key-refusing YAML reader
-
     data = read_yaml_file(Path(path))
     if data is None:
         return []

@@ -18,7 +18,7 @@ import jsonschema
 from pydantic import ValidationError
 
 from validation.diff.models import Answer, Case, Expect
-from workflows.errors import InputError
+from validation.errors import InputError
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_CASES = 1000
@@ -114,29 +114,3 @@ def check(expect: Expect, answer: Answer) -> list[str]:
                 out.append(f"choice {c.index}: output does not match output_schema at {err.json_path}: "
                            f"{err.message[:200]}")
     return out
-
-
-def spec_files(validation, release_file: str | Path) -> tuple[list[Path], Path | None]:
-    """The release's `validation.scenarios` and `validation.known_divergences` as paths, each
-    checked now (exists, inside the repository, parses) so a bad file blocks the release before
-    anything is applied. Paths are relative to the release.yaml (as traces are); the repository
-    is workflows.manifest.repository_root (the folder holding kustomize/); one helper
-    (workflows.manifest.repository_file) checks them and traces alike."""
-    from validation.diff import known
-    from workflows.manifest import repository_file
-
-    release_file = Path(release_file)
-    base = release_file.parent
-
-    def resolve(rel: str, field: str) -> Path:
-        return repository_file(base, rel, release_file, field,
-                               "keep scenario and known-divergence files in the repository, next to the overlay")
-
-    paths = [resolve(rel, f"validation.scenarios[{i}]") for i, rel in enumerate(validation.scenarios)]
-    for p in paths:
-        load(p)
-    known_path = None
-    if validation.known_divergences:
-        known_path = resolve(validation.known_divergences, "validation.known_divergences")
-        known.load(known_path)
-    return paths, known_path
