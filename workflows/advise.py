@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from validation.balance import Balance
 from workflows.errors import InputError
 from workflows.manifest import Rendered
+from workflows.rendered import RenderedRelease
 from workflows.serve_config import PHASE_RESOURCE
 
 
@@ -85,17 +86,15 @@ def read_balances(paths: list[str]) -> list[tuple[str, Balance]]:
 
 def _per_pod(rendered: Rendered, phase: str, tp: int) -> tuple[str, int, int]:
     """(group name, pods now, engine replicas per pod) of the phase's worker group."""
-    from workflows.checks.rules import GPU, _groups, _limit, _ray_resources
-
-    groups = _groups(rendered)
+    groups = RenderedRelease.of(rendered).groups
     if phase not in groups:
         raise InputError(rendered.kustomization_file(), "workerGroupSpecs", f"no worker group named {phase!r}",
                          "keep the base's prefill and decode groups")
-    _, group = groups[phase]
-    units = float((_ray_resources(group) or {}).get(PHASE_RESOURCE[phase]) or 0)
-    gpus = _limit(group, GPU)
+    group = groups[phase]
+    units = float((group.ray_resources or {}).get(PHASE_RESOURCE[phase]) or 0)
+    gpus = group.gpus
     room = min(units, gpus) if gpus > 0 else units
-    pods = int(group.get("maxReplicas") or group.get("replicas") or 1)
+    pods = int(group.raw.get("maxReplicas") or group.raw.get("replicas") or 1)
     return phase, pods, int(room // tp)
 
 

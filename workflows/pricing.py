@@ -15,8 +15,10 @@ from validation.cli_args import ReleaseInputs
 from validation.cost import cost_of
 from validation.reports.bench import BenchReport
 from validation.reports.cost import Cost
+from workflows.checks.instances import phase_instances, takes_node
 from workflows.errors import InputError
 from workflows.manifest import Rendered, render
+from workflows.rendered import RenderedRelease
 from workflows.serve_config import PHASES
 from workflows.spec import ReleaseSpec, load_spec
 
@@ -43,13 +45,10 @@ def price_of(instance: str, spec: ReleaseSpec) -> tuple[float | None, str]:
 
 def phase_nodes(rendered: Rendered) -> dict[str, tuple[str, float]]:
     """Phase -> (instance type, nodes it holds) from the rendered worker groups."""
-    from workflows.checks.instances import phase_instances, takes_node
-    from workflows.checks.rules import GPU, _limit
-
     out = {}
-    for name, (_, group, it_name, it) in phase_instances(rendered).items():
-        pods = int(group.get("replicas") or group.get("minReplicas") or 1)
-        share = 1.0 if it is None or takes_node(group, it) else min(1.0, _limit(group, GPU) / it.gpus)
+    for name, (group, it_name, it) in phase_instances(RenderedRelease.of(rendered)).items():
+        pods = int(group.raw.get("replicas") or group.raw.get("minReplicas") or 1)
+        share = 1.0 if it is None or takes_node(group, it) else min(1.0, group.gpus / it.gpus)
         out[name] = (it_name, pods * share)
     return out
 

@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from workflows.checks.findings import Finding
-from workflows.checks.rules import EFA, GPU, _group_path, _groups, _limit, _phase, _serve_file, _serve_path, _tp, rule
 from workflows.instances import HOSTNAME_LABEL, InstanceType, allowed_values, instance_types_of, pod_spec, table
-from workflows.manifest import Rendered
+from workflows.rendered import EFA, GPU, RenderedRelease, WorkerGroup, serve_path
 from workflows.serve_config import PHASES
 
 _UNITS = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
@@ -31,65 +30,60 @@ def quantity(value: Any) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or ""]
 
 
-def _is_cpu(r: Rendered) -> bool:
-    return any((_phase(r, n).get("accelerator_config") or {}).get("kind") == "cpu" for n in PHASES)
-
-
-def _request(group: dict[str, Any], resource: str) -> float:
+def _request(group: WorkerGroup, resource: str) -> float:
     total = 0.0
-    for c in pod_spec(group).get("containers") or []:
+    for c in pod_spec(group.raw).get("containers") or []:
         res = c.get("resources") or {}
         value = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
         total += quantity(value) if value is not None else 0.0
     return total
 
 
-def takes_node(group: dict[str, Any], it: InstanceType) -> bool:
+def takes_node(group: WorkerGroup, it: InstanceType) -> bool:
     return _request(group, "cpu") > it.vcpu / 2 or _request(group, "memory") > it.memory_gib * GIB / 2
 
 
-def phase_instances(r: Rendered) -> dict[str, tuple[int, dict[str, Any], str, InstanceType | None]]:
-    """Each phase -> (group index, group, instance type name, its facts or None) for a pinned single type."""
+def phase_instances(v: RenderedRelease) -> dict[str, tuple[WorkerGroup, str, InstanceType | None]]:
+    """Each phase -> (group, instance type name, its facts or None) for a pinned single type."""
     out = {}
     for name in PHASES:
-        if name in _groups(r):
-            index, group = _groups(r)[name]
-            types = instance_types_of(group)
+        if name in v.groups:
+            group = v.groups[name]
+            types = instance_types_of(group.raw)
             if types and len(types) == 1:
                 it = next(iter(types))
-                out[name] = (index, group, it, table().get(it))
+                out[name] = (group, it, table().get(it))
     return out
 
 
-@rule
-def instance_facts(r: Rendered) -> Iterator[Finding]:
-    if _is_cpu(r):
+def instance_facts(v: RenderedRelease) -> Iterator[Finding]:
+    if v.is_cpu:
         return
-    kfile, pinned = r.kustomization_file(), phase_instances(r)
+    kfile, pinned = v.kustomization_file, phase_instances(v)
     for name in PHASES:
-        if name not in _groups(r):
+        if name not in v.groups:
             continue
-        index, group = _groups(r)[name]
-        path = _group_path(r, index)
+        group = v.groups[name]
+        path = group.path
         if name not in pinned:
             yield Finding("instance-type", f"{name} pods are not pinned to one instance type: GPU, EFA and memory "
                           "cannot be checked against the node", kfile, path + ".template.spec.nodeSelector",
                           "set nodeSelector node.kubernetes.io/instance-type in the overlay's node-groups patch",
                           severity="warning")
             continue
-        _, _, it_name, it = pinned[name]
+        _, it_name, it = pinned[name]
         if it is None:
             yield Finding("instance-type", f"{it_name} is not in the pinned instance table", kfile,
                           path + ".template.spec.nodeSelector",
                           "add it to workflows/data/instance_types.yaml with its source", severity="warning")
             continue
-        yield from _fits(r, name, path, group, it_name, it)
+        yield from _fits(v, name, path, group, it_name, it)
 
 
-def _fits(r: Rendered, name: str, path: str, group: dict[str, Any], it_name: str,
+def _fits(v: RenderedRelease, name: str, path: str, group: WorkerGroup, it_name: str,
           it: InstanceType) -> Iterator[Finding]:
-    kfile, limits = r.kustomization_file(), path + ".template.spec.containers[0].resources"
-    gpus, efa, tp = _limit(group, GPU), _limit(group, EFA), _tp(r, name)
+    kfile, limits = v.kustomization_file, path + ".template.spec.containers[0].resources"
+    gpus, efa, tp = group.limit(GPU), group.limit(EFA), v.phases[name].tp
     for res, want, have, unit in (("cpu", _request(group, "cpu"), it.vcpu, "vCPU"),
                                   ("memory", _request(group, "memory") / GIB, it.memory_gib, "GiB")):
         if want >= have:   # allocatable is below capacity: kubelet and the system reserve part of it
@@ -105,8 +99,8 @@ def _fits(r: Rendered, name: str, path: str, group: dict[str, Any], it_name: str
                       "and idle", kfile, f"{limits}.limits.{GPU}", f"request {it.gpus} GPUs, or smaller cpu/memory")
     if gpus and tp and gpus % tp:
         yield Finding("tp-divides", f"{name} tensor_parallel_size {tp} does not divide the pod's {gpus:g} GPUs: "
-                      f"{gpus % tp:g} GPUs per pod can never hold a replica", _serve_file(r),
-                      _serve_path(name, "engine_kwargs.tensor_parallel_size"),
+                      f"{gpus % tp:g} GPUs per pod can never hold a replica", v.serve_file,
+                      serve_path(name, "engine_kwargs.tensor_parallel_size"),
                       f"use a TP that divides {gpus:g}, or change the pod's GPU count")
     if efa and not it.efa:
         yield Finding("efa-capable", f"{name} requests {EFA} but {it_name} does not support EFA", kfile,
@@ -114,11 +108,11 @@ def _fits(r: Rendered, name: str, path: str, group: dict[str, Any], it_name: str
     elif efa > it.efa:
         yield Finding("instance-efa", f"{name} requests {efa:g} EFA interfaces but a {it_name} has {it.efa}", kfile,
                       f"{limits}.limits.{EFA}", f"request {it.efa} (patch the efa component's count in the overlay)")
-    accel = _phase(r, name).get("accelerator_type")
+    accel = v.phases[name].config.get("accelerator_type")
     if accel and not it.accepts(str(accel)):
         yield Finding("accelerator-type", f"release.yaml says accelerator {accel} but {it_name} has "
                       f"{it.gpu}: Ray never finds a node with that accelerator and the phase stays pending",
-                      _serve_file(r), _serve_path(name, "accelerator_type"),
+                      v.serve_file, serve_path(name, "accelerator_type"),
                       f"set accelerator.type: {it.gpu} (or pin the instance type that has {accel})")
 
 
@@ -142,24 +136,26 @@ def _anti_affine(pod: dict[str, Any]) -> bool:
     return any((t or {}).get("topologyKey") == HOSTNAME_LABEL for t in terms)
 
 
-@rule
-def pd_same_node(r: Rendered) -> Iterator[Finding]:
-    groups = _groups(r)
-    if _is_cpu(r) or not all(n in groups for n in PHASES):
+def pd_same_node(v: RenderedRelease) -> Iterator[Finding]:
+    groups = v.groups
+    if v.is_cpu or not all(n in groups for n in PHASES):
         return
-    (_, pg), (di, dg) = groups["prefill"], groups["decode"]
-    if not (_limit(pg, EFA) or _limit(dg, EFA)):
+    pg, dg = groups["prefill"], groups["decode"]
+    if not (pg.limit(EFA) or dg.limit(EFA)):
         return
-    pods = [pod_spec(pg), pod_spec(dg)]
-    pinned = phase_instances(r)
-    its = [pinned.get(n, (0, {}, "", None))[3] for n in PHASES]
-    if its[0] is not None and its[0] is its[1] and (_limit(pg, GPU) + _limit(dg, GPU) > its[0].gpus
-                                                    or _limit(pg, EFA) + _limit(dg, EFA) > its[0].efa):
+    pods = [pg.pod, dg.pod]
+    pinned = phase_instances(v)
+    its = [pinned[n][2] if n in pinned else None for n in PHASES]
+    if its[0] is not None and its[0] is its[1] and (pg.limit(GPU) + dg.limit(GPU) > its[0].gpus
+                                                    or pg.limit(EFA) + dg.limit(EFA) > its[0].efa):
         return   # one pod of each cannot fit on one node together
     if _disjoint_nodes(pods) or any(_anti_affine(p) for p in pods):
         return
     yield Finding("pd-same-node", "prefill and decode pods can be packed on one node while using EFA: they then "
-                  "share the node's EFA devices and PCIe, and a node loss takes both phases", r.kustomization_file(),
-                  _group_path(r, di) + ".template.spec.nodeSelector",
+                  "share the node's EFA devices and PCIe, and a node loss takes both phases", v.kustomization_file,
+                  dg.path + ".template.spec.nodeSelector",
                   "give each phase its own node group (nodeSelector pdops.dev/phase: prefill / decode, "
                   "as the overlays do)")
+
+
+RULES = [instance_facts, pd_same_node]

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from workflows.checks.findings import Finding
-from workflows.checks.rules import _engine, _serve_file, _serve_path, rule
+from workflows.rendered import RenderedRelease, serve_path
 
 # engine_kwargs key -> the value an unset key means (vllm/engine/arg_utils.py EngineArgs defaults)
 HASHED: dict[str, Any] = {"dtype": "auto", "kv_cache_dtype": "auto", "attention_backend": None,
@@ -24,13 +24,15 @@ HASHED: dict[str, Any] = {"dtype": "auto", "kv_cache_dtype": "auto", "attention_
                           "quantization": None}
 
 
-@rule
-def kv_compat(r: Any) -> Iterator[Finding]:
-    pre, dec = _engine(r, "prefill"), _engine(r, "decode")
+def kv_compat(v: RenderedRelease) -> Iterator[Finding]:
+    pre, dec = v.phases["prefill"].engine, v.phases["decode"].engine
     for key, default in HASHED.items():
         p, d = pre.get(key, default), dec.get(key, default)
         if p != d:
             yield Finding("kv-compat", f"prefill {key} is {p!r} but decode's is {d!r}: vLLM's NIXL handshake "
                           "refuses engines whose compatibility hash differs, so the candidate never becomes ready",
-                          _serve_file(r), _serve_path("decode", f"engine_kwargs.{key}"),
+                          v.serve_file, serve_path("decode", f"engine_kwargs.{key}"),
                           f"set the same {key} in prefill.engine_kwargs and decode.engine_kwargs of release.yaml")
+
+
+RULES = [kv_compat]

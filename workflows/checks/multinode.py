@@ -14,28 +14,10 @@ in push mode only (pp-kv-push), which Ray Serve LLM sets no side channel for (pp
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from workflows.checks.findings import Finding
-from workflows.checks.instances import _is_cpu, phase_instances
-from workflows.checks.rules import (
-    EFA,
-    GPU,
-    _env,
-    _group_path,
-    _groups,
-    _kv,
-    _limit,
-    _nodes_per_replica,
-    _phase,
-    _pp,
-    _serve_file,
-    _serve_path,
-    _tp,
-    rule,
-)
-from workflows.instances import pod_spec
-from workflows.manifest import Rendered
+from workflows.checks.instances import phase_instances
+from workflows.rendered import EFA, Phase, RenderedRelease, WorkerGroup, serve_path
 from workflows.serve_config import PHASES
 
 # Strategies that can place one replica's bundles on several nodes with TP groups kept whole:
@@ -49,78 +31,70 @@ SPANNING_STRATEGIES = {"PACK"}
 NCCL_OFI_NAMES = {"aws libfabric", "ofi", "libfabric"}
 
 
-def _spanning(r: Rendered) -> Iterator[tuple[str, int, dict[str, Any], int]]:
-    """(phase, group index, group, nodes per replica) for GPU phases whose replica spans pods."""
-    if _is_cpu(r):
+def _spanning(v: RenderedRelease) -> Iterator[tuple[Phase, WorkerGroup, int]]:
+    """(phase, its group, nodes per replica) for GPU phases whose replica spans pods."""
+    if v.is_cpu:
         return
-    groups = _groups(r)
-    for name in PHASES:
-        if name in groups and (nodes := _nodes_per_replica(r, name)) > 1:
-            yield name, groups[name][0], groups[name][1], nodes
+    for phase in v.phases.values():
+        if phase.group is not None and (nodes := phase.nodes_per_replica) > 1:
+            yield phase, phase.group, nodes
 
 
-@rule
-def pp_gpus(r: Rendered) -> Iterator[Finding]:
-    if _is_cpu(r):
+def pp_gpus(v: RenderedRelease) -> Iterator[Finding]:
+    if v.is_cpu:
         return
     for name in PHASES:
-        if name not in _groups(r):
+        if name not in v.groups:
             continue
-        gpus = int(_limit(_groups(r)[name][1], GPU))
-        tp, pp = _tp(r, name), _pp(r, name)
-        devices = tp * pp
+        gpus = int(v.groups[name].gpus)
+        phase = v.phases[name]
+        tp, pp, devices = phase.tp, phase.pp, phase.devices
         if gpus > 0 and tp <= gpus and devices > gpus and devices % gpus:
             whole = -(-devices // gpus)
             yield Finding("pp-gpus", f"{name} replicas take TP {tp} x PP {pp} = {devices} GPUs, not a whole number "
                           f"of {gpus}-GPU pods: a replica would take {whole - 1} pods and part of another, so stages "
                           "share a node with another replica's and PACK may split a stage's TP group across nodes",
-                          _serve_file(r), _serve_path(name, "engine_kwargs.pipeline_parallel_size"),
+                          v.serve_file, serve_path(name, "engine_kwargs.pipeline_parallel_size"),
                           f"make TP x PP a multiple of {gpus}"
                           + (f" (at TP {tp}: PP {whole * gpus // tp})" if gpus % tp == 0 else "")
                           + " or change the pod's GPU count")
 
 
-@rule
-def pp_placement(r: Rendered) -> Iterator[Finding]:
-    for name, _, _, nodes in _spanning(r):
-        strategy = (_phase(r, name).get("placement_group_config") or {}).get("strategy", "PACK")
+def pp_placement(v: RenderedRelease) -> Iterator[Finding]:
+    for phase, _, nodes in _spanning(v):
+        name = phase.name
+        strategy = (phase.config.get("placement_group_config") or {}).get("strategy", "PACK")
         if strategy not in SPANNING_STRATEGIES:
             why = ("needs all bundles on one node, which has fewer GPUs: the placement group is never created and "
                    "the replica stays pending" if strategy == "STRICT_PACK"
                    else "scatters bundles over nodes, splitting tensor-parallel groups across the network")
             yield Finding("pp-placement", f"{name} replicas span {nodes} nodes but the placement strategy "
-                          f"{strategy} {why}", _serve_file(r), _serve_path(name, "placement_group_config.strategy"),
+                          f"{strategy} {why}", v.serve_file, serve_path(name, "placement_group_config.strategy"),
                           "do not override placement_group_config: pdops renders PACK for pipeline-parallel phases")
 
 
-@rule
-def pp_efa(r: Rendered) -> Iterator[Finding]:
-    pinned = phase_instances(r)
-    for name, index, group, nodes in _spanning(r):
-        path = _group_path(r, index)
-        it_name, it = pinned.get(name, (0, {}, "", None))[2:]
+def pp_efa(v: RenderedRelease) -> Iterator[Finding]:
+    pinned = phase_instances(v)
+    for phase, group, nodes in _spanning(v):
+        name, path = phase.name, group.path
+        it_name, it = pinned[name][1:] if name in pinned else ("", None)
         if it is not None and it.efa == 0:
             yield Finding("pp-efa", f"{name} replicas span {nodes} {it_name} nodes but {it_name} has no EFA: every "
-                          "forward pass sends activations between pipeline stages over TCP", r.kustomization_file(),
+                          "forward pass sends activations between pipeline stages over TCP", v.kustomization_file,
                           path + ".template.spec.nodeSelector",
                           "pin an EFA-capable instance type (workflows/data/instance_types.yaml, efa > 0)")
-        elif not _limit(group, EFA):
+        elif not group.limit(EFA):
             yield Finding("pp-efa", f"{name} replicas span {nodes} nodes but the pods request no {EFA}: pipeline "
                           "stages exchange activations every forward pass over the pod network (TCP) instead of EFA",
-                          r.kustomization_file(), path + f".template.spec.containers[0].resources.limits.{EFA}",
+                          v.kustomization_file, path + f".template.spec.containers[0].resources.limits.{EFA}",
                           "add the efa component (kustomize/components/efa) and patch its count for the instance")
-        elif str(_env(group).get("NCCL_NET") or "").lower() not in NCCL_OFI_NAMES:
+        elif str(group.env.get("NCCL_NET") or "").lower() not in NCCL_OFI_NAMES:
             yield Finding("pp-nccl", f"{name} replicas span {nodes} nodes over EFA but NCCL_NET is "
-                          f"{_env(group).get('NCCL_NET') or 'unset'}: when the aws-ofi-nccl plugin does not load, "
+                          f"{group.env.get('NCCL_NET') or 'unset'}: when the aws-ofi-nccl plugin does not load, "
                           "NCCL falls back to its socket transport without an error and stages talk over TCP",
-                          r.kustomization_file(), path + ".template.spec.containers[0].env",
+                          v.kustomization_file, path + ".template.spec.containers[0].env",
                           'set env NCCL_NET="AWS Libfabric" on the worker group (see overlays/prod-multinode)',
                           severity="warning")
-
-
-def _connector(r: Rendered, name: str) -> str:
-    kv = _kv(r, name)
-    return str(kv.get("kv_connector") or "") if isinstance(kv, dict) else ""
 
 
 # vLLM 0.32 NIXL (vllm/distributed/kv_transfer/kv_connector/v1/nixl/): NixlConnector is an alias of
@@ -133,30 +107,28 @@ PUSH_CONNECTOR = "NixlPushConnector"
 SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 
 
-@rule
-def pp_decode(r: Rendered) -> Iterator[Finding]:
-    connector = _connector(r, "decode")
-    if _pp(r, "decode") > 1 and connector.startswith("Nixl"):
-        yield Finding("pp-decode", f"decode has pipeline_parallel_size {_pp(r, 'decode')} with {connector}: vLLM's "
+def pp_decode(v: RenderedRelease) -> Iterator[Finding]:
+    connector, pp = v.phases["decode"].connector, v.phases["decode"].pp
+    if pp > 1 and connector.startswith("Nixl"):
+        yield Finding("pp-decode", f"decode has pipeline_parallel_size {pp} with {connector}: vLLM's "
                       "NIXL worker raises NotImplementedError for a kv_consumer with PP > 1 "
                       "(vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py, \"Decode-side PP is "
-                      "unsupported\"), so decode never starts", _serve_file(r),
-                      _serve_path("decode", "engine_kwargs.pipeline_parallel_size"),
+                      "unsupported\"), so decode never starts", v.serve_file,
+                      serve_path("decode", "engine_kwargs.pipeline_parallel_size"),
                       "keep decode at pipeline_parallel_size 1 on nodes that hold the model (larger GPUs or a "
                       "quantized model); prefill may span nodes")
 
 
-@rule
-def pp_kv_transfer(r: Rendered) -> Iterator[Finding]:
-    connector = _connector(r, "prefill")
-    if _pp(r, "prefill") > 1 and connector in PULL_CONNECTORS:
-        yield Finding("pp-kv-push", f"prefill has pipeline_parallel_size {_pp(r, 'prefill')} with {connector} (pull "
+def pp_kv_transfer(v: RenderedRelease) -> Iterator[Finding]:
+    connector, pp = v.phases["prefill"].connector, v.phases["prefill"].pp
+    if pp > 1 and connector in PULL_CONNECTORS:
+        yield Finding("pp-kv-push", f"prefill has pipeline_parallel_size {pp} with {connector} (pull "
                       "mode): vLLM writes PP > 1 producers for push mode only, and a pulling decode reads the KV of "
                       "the first pipeline stage's workers alone (vllm .../nixl/pull_worker.py reads agents "
-                      "(0, remote_rank); base_worker.py \"PP>1 (push mode)\")", _serve_file(r),
-                      _serve_path("prefill", "engine_kwargs.kv_transfer_config.kv_connector"),
+                      "(0, remote_rank); base_worker.py \"PP>1 (push mode)\")", v.serve_file,
+                      serve_path("prefill", "engine_kwargs.kv_transfer_config.kv_connector"),
                       f"set kv_transfer.connector: {PUSH_CONNECTOR} in release.yaml")
-    if PUSH_CONNECTOR not in {connector, _connector(r, "decode")}:
+    if PUSH_CONNECTOR not in {connector, v.phases["decode"].connector}:
         return
     # Ray Serve LLM 2.60 registers backends for NixlConnector, LMCacheConnectorV1, MultiConnector and
     # MoRIIOConnector only (ray/llm/_internal/serve/engines/vllm/kv_transfer/factory.py BUILTIN_BACKENDS);
@@ -164,16 +136,14 @@ def pp_kv_transfer(r: Rendered) -> Iterator[Finding]:
     # channel host is not set to the node's IP (kv_transfer/nixl.py _set_side_channel_host) and vLLM
     # advertises its default, localhost (vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_HOST; read by the engine's
     # scheduler, nixl/base_scheduler.py): the other phase's engines then handshake with themselves.
-    for name, (index, group) in _groups(r).items():
-        if name in PHASES and SIDE_CHANNEL_HOST not in _env_names(group):
+    for name, group in v.groups.items():
+        if name in PHASES and SIDE_CHANNEL_HOST not in group.env_names:
             yield Finding("pp-side-channel", f"{name} uses {PUSH_CONNECTOR}, which Ray Serve LLM sets no NIXL side "
                           f"channel for, and its pods do not set {SIDE_CHANNEL_HOST}: vLLM advertises localhost and "
-                          "cross-node handshakes fail", r.kustomization_file(),
-                          _group_path(r, index) + ".template.spec.containers[0].env",
+                          "cross-node handshakes fail", v.kustomization_file,
+                          group.path + ".template.spec.containers[0].env",
                           f"set env {SIDE_CHANNEL_HOST} from the pod IP (valueFrom.fieldRef status.podIP) on the "
                           f"{name} group, as overlays/prod-multinode does")
 
 
-def _env_names(group: dict[str, Any]) -> set[str]:
-    """Env var names of a group's containers, valueFrom ones included (_env keeps literal values only)."""
-    return {str(e.get("name")) for c in pod_spec(group).get("containers") or [] for e in c.get("env") or []}
+RULES = [pp_gpus, pp_placement, pp_efa, pp_decode, pp_kv_transfer]
