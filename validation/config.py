@@ -47,10 +47,10 @@ class VsStable(_Strict):
     itl_p90: Factor | None = None
     # $ per 1,000 requests (validation/cost.py) at most this factor times the stable release's.
     cost: Factor | None = None
-    # live: when the stable slot serves during the release, measure it under the same loads,
-    # in `blocks` block pairs with the candidate, seeded random order per pair (validation/interleave.py),
-    # so drift over days and over minutes hits both sides; the recorded baseline (kept at promote)
-    # is used only when stable does not serve. recorded: always the baseline (half the load time).
+    # live: a baseline of the stable release (Target.baseline_server; never the users' slot) measured
+    # under the same loads in `blocks` block pairs with the candidate, seeded random order per pair
+    # (validation/interleave.py), so drift over days and over minutes hits both sides; where none can
+    # run, nothing is compared (without_baseline). recorded: the baseline kept at promote (half the load time).
     measure: Literal["live", "recorded"] = "live"
     blocks: Annotated[int, Field(ge=1, le=32)] = 4
     # What a load with no baseline run to compare with does (no baseline measured: a first release,

@@ -113,7 +113,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
            slo: SLO, stable_in: Sequence[BenchReport | dict[str, Any]] | None = None,
            golden_in: GoldenReport | dict[str, Any] | None = None, replaced: list[str] | None = None,
            diff: Any = None, look: int = 1, balance_block: bool = False,
-           skipped: dict[str, str] | None = None, planned: Sequence[LoadProfile] | None = None) -> Decision:
+           skipped: dict[str, str] | None = None, planned: Sequence[LoadProfile] | None = None,
+           no_baseline_reason: str | None = None) -> Decision:
     """`golden` (validation.golden.compare) is checked when given: targets without a reference engine
     (or a `skipped` one) do not run it. `replaced`: the candidate's engines that were replaced
     while it was validated, where the target can tell; a candidate that lost an engine is unproven
@@ -125,6 +126,7 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
     `skipped`, not blocking, so a skip is never mistaken for a pass.
     `planned`: the release's loads (validation.load); a missing or unplanned load fails the `loads`
     check. None only for callers with no release plan (simulations, scripts/bench_gate.py).
+    `no_baseline_reason`: why no baseline was measured (workflows/paired.py), said by vs_stable's no-baseline check.
     Reports may be given as the JSON dicts their producers wrote; they are read as models. A report the
     gate cannot judge (validation/gate_inputs.py: null counts, NaN samples, ...) fails `report_input`
     with the field and the fix, and its own checks are not judged."""
@@ -279,8 +281,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
     unproven: list[str] = []   # why a load had no baseline (without_baseline: absolute_only)
     if vs is not None:
         if not stable:
-            checks.append(no_baseline(vs, None, why := "no baseline run was given (a first release, or no room "
-                                                       "for a baseline)"))
+            checks.append(no_baseline(vs, None, why := no_baseline_reason or "no baseline run was given (a first "
+                                                       "release, or no room for a baseline)"))
             unproven.append(why)
         else:
             idx = {_key(s): s for s in baselines}
@@ -293,7 +295,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
                 s = idx.get(_key(b))
                 if s is None:
                     why = (f"no valid baseline run at {load_text(_key(b))} (baseline runs: "
-                           + (", ".join(load_text(_key(x)) for x in baselines) or "none valid") + ")")
+                           + (", ".join(load_text(_key(x)) for x in baselines) or "none valid") + ")"
+                           + (f"; {no_baseline_reason}" if no_baseline_reason else ""))
                     checks.append(no_baseline(vs, lab, why))
                     unproven.append(f"{lab}: {why}")
                     continue

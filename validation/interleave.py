@@ -181,3 +181,36 @@ def measure(run: RunBlock, requests: int | None, duration_s: float | None, warmu
         out[side].interleaved = Interleaved(blocks=n, order=order_label(pairs), seed=seed, pairs=len(kept[side]),
                                             first_block=first_block, void=void, per_block=summaries[side])
     return out["candidate"], out["stable"]
+
+
+def combine(a: BenchReport, b: BenchReport) -> BenchReport:
+    """Two looks at one load (slo.statistics extend) as one run: merge_bench, and when both were
+    measured in block pairs, one `interleaved` record covering the blocks of both."""
+    out = merge_bench(a, b)
+    ia, ib = a.interleaved, b.interleaved
+    if ia is not None and ib is not None:
+        out.looks = None
+        out.interleaved = ib.model_copy(update={
+            "blocks": ia.blocks + ib.blocks, "order": ia.order + ib.order, "seed": ia.seed,
+            "first_block": ia.first_block, "pairs": (ia.pairs or 0) + (ib.pairs or 0), "void": ia.void + ib.void,
+            "per_block": (ia.per_block or []) + (ib.per_block or [])})
+    return out
+
+
+def foreign_requests(bench: BenchReport) -> str | None:
+    """Why a baseline block must not count, or None: its engines recorded more requests in the block's
+    window than the benchmark sent (someone else's traffic slowed it), or the count could not be read
+    (then foreign requests cannot be ruled out: fail closed). The engines' count is each phase's
+    first-token histogram over the window (validation/server_metrics.py `requests_seen`); warm-up
+    requests are sent before the window opens."""
+    server = bench.server
+    seen = server.requests_seen if server is not None else None
+    if server is None or server.error or seen is None:
+        why = server.error if server is not None and server.error else "no server metrics in the block's bench"
+        return f"the baseline's own request count could not be read ({why}), so foreign requests cannot be ruled out"
+    ours = bench.requests_total or 0
+    if seen > ours:
+        return (f"the baseline's engines recorded {seen:.0f} requests in the block's window, the benchmark sent "
+                f"{ours}: {seen - ours:.0f} were not ours")
+    return None
+

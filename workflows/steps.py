@@ -14,7 +14,7 @@ from workflows.errors import InputError
 from workflows.manifest import Rendered, load_release
 from workflows.serve_config import build_serve_config, validate_with_ray
 from workflows.spec import ReleaseSpec, load_spec, spec_files
-from workflows.targets.base import Endpoint, Progress, ReleaseRecord, Skipped, Target, TargetError
+from workflows.targets.base import Baseline, Endpoint, Progress, ReleaseRecord, Skipped, Target, TargetError
 
 if TYPE_CHECKING:
     from validation.config import LoadProfile
@@ -99,7 +99,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                        rendered: Rendered | None = None, reference_url: str | None = None,
                        release_file: Path | None = None,
                        reference_server: Callable[[], AbstractContextManager[str | Skipped | None]] | None = None,
-                       stable_endpoint: Endpoint | None = None,
+                       baseline_server: Callable[[], AbstractContextManager[Baseline | Skipped]] | None = None,
                        ) -> Validation:
     """Compat, every load of the release's validation, golden tokens; then the gate. Writes the report.
     `stable`: the baseline benches `vs_stable` compares against (`stable_baseline`).
@@ -107,9 +107,11 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     `reference_url`: a single-engine reference serving during validation (pdops diff runs against it);
     `reference_server`: starts one for the golden tokens and the diff, after the loads (so it takes
     no CPU from them) and stops it after; golden answers come from it when `reference` is None.
-    `stable_endpoint`: the serving stable slot; with `slo.vs_stable.measure: live` each load runs on
-    both, interleaved (validation/interleave.py), and `vs_stable` compares with that instead of `stable`."""
-    from validation import compat as compat_suite, gate, golden, profiles, report, sequential, traces
+    `baseline_server`: starts the baseline (`Target.baseline_server`: the stable release at its own size,
+    loaded only by the benchmark); with `slo.vs_stable.measure: live` each load runs on the candidate
+    and on it in paired blocks (workflows/paired.py, validation/interleave.py) and `vs_stable` compares
+    with that, never with `stable`; where no baseline runs, the gate is told why (fails closed)."""
+    from validation import compat as compat_suite, gate, golden, interleave, profiles, report, traces
     from validation.bench import run_bench
     from validation.prometheus import PrometheusSource
 
@@ -144,42 +146,27 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         return bench
 
     vs = spec.slo.vs_stable
-    live = stable_endpoint if vs is not None and vs.measure == "live" else None
-    live_stable: list[BenchReport] = []
-    from validation.interleave import new_seed
+    from workflows.paired import PairedLoads
 
-    order_seed = new_seed()   # the block order's seed, recorded in each bench's `interleaved`
+    no_server = lambda: nullcontext(Skipped("validation was given no way to start a baseline"))  # noqa: E731
+    live = vs is not None and vs.measure == "live"
+    paired = PairedLoads(baseline_server or no_server, bench_of,
+                         endpoint, vs.blocks if vs is not None else 1, progress, _dump, run)
 
     def measure(i: int, load: LoadProfile, warmup: int, seed: int) -> BenchReport:
-        """One look at load #i: on the candidate only, or interleaved with the serving stable slot."""
-        if live is None or vs is None:
-            return bench_of(load, warmup, seed)
-        from validation import interleave
-
-        on_stable = live
-        before = live_stable[i].interleaved if i < len(live_stable) else None
-        first = before.first_block + before.blocks if before is not None else 0   # a later look's blocks follow
-        progress(f"[validate] load #{i} {load.profile}: candidate and stable in {vs.blocks} block pairs, "
-                 f"random order (seed {order_seed + i}), slo.vs_stable.measure: live")
-        cand, stab = interleave.measure(
-            lambda side, n, dur, w, k: bench_of(load, w, seed * 100 + k,
-                                                endpoint if side == "candidate" else on_stable, n, dur),
-            load.requests if not load.duration_s else None, load.duration_s, load.warmup_requests, vs.blocks,
-            bool(load.trace), seed=order_seed + i + 1000 * first, first_block=first)
-        if i < len(live_stable):
-            live_stable[i] = sequential.merge_bench(live_stable[i], stab)
-        else:
-            live_stable.append(stab)
-        _dump(run / f"stable-bench-{i}-{load.profile}.json", live_stable[i])
-        return cand
+        """One look at load #i: paired with the baseline (measure: live), else on the candidate alone."""
+        return paired.measure(i, load, warmup, seed) if live else bench_of(load, warmup, seed)
 
     benches: list[BenchReport] = []
-    for i, load in enumerate(spec.validation.load):
-        bench = measure(i, load, load.warmup_requests, 0)
-        _dump(run / f"bench-{i}-{load.profile}.json", bench)
-        benches.append(bench)
-    if live is not None:
-        stable = live_stable   # type: ignore[assignment]   # BenchReports; gate.decide coerces either
+    with paired:   # the baseline is released before the reference engine starts (workflows/paired.py)
+        for i, load in enumerate(spec.validation.load):
+            bench = measure(i, load, load.warmup_requests, 0)
+            _dump(run / f"bench-{i}-{load.profile}.json", bench)
+            benches.append(bench)
+    no_baseline = None
+    if live:   # the baseline measured here, never a recorded one from another day (docs/gate.md)
+        stable = paired.benches()   # type: ignore[assignment]   # BenchReports; gate.decide coerces either
+        no_baseline = "; ".join(paired.missing) or None
     matched: GoldenReport | None = None
     diffed: DiffReport | None = None
     want_diff = spec.validation.diff and release_file is not None
@@ -220,21 +207,26 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     replaced = replaced_engines(endpoint, current()) if current else None
     block = spec.validation.balance.block
     decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, balance_block=block,
-                           skipped=skipped, planned=spec.validation.load)
+                           skipped=skipped, planned=spec.validation.load, no_baseline_reason=no_baseline)
     look = 1
     # slo.statistics.inconclusive: extend, looks remaining (validation/sequential.py); after the reference
     # engine has stopped, so the extra loads have the machine the first ones had
     while decision.extend:
         look += 1
-        for i in decision.extend:
-            load = spec.validation.load[i]
-            progress(f"[validate] load #{i} {load.profile} inconclusive: look {look} of "
-                     f"{spec.slo.statistics.max_looks}, the same load again")
-            benches[i] = sequential.merge_bench(benches[i], measure(i, load, 0, look - 1))
-            _dump(run / f"bench-{i}-{load.profile}.json", benches[i])
+        with paired:
+            for i in decision.extend:
+                load = spec.validation.load[i]
+                progress(f"[validate] load #{i} {load.profile} inconclusive: look {look} of "
+                         f"{spec.slo.statistics.max_looks}, the same load again")
+                benches[i] = interleave.combine(benches[i], measure(i, load, 0, look - 1))
+                _dump(run / f"bench-{i}-{load.profile}.json", benches[i])
+        if live:
+            stable = paired.benches()   # type: ignore[assignment]
+            no_baseline = "; ".join(paired.missing) or None
         replaced = replaced_engines(endpoint, current()) if current else None
         decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look,
-                               balance_block=block, skipped=skipped, planned=spec.validation.load)
+                               balance_block=block, skipped=skipped, planned=spec.validation.load,
+                               no_baseline_reason=no_baseline)
     if rendered is not None and rendered.overlay is not None:
         decision.advice = balance_advice(rendered, benches, run, progress, stable)
     try:
@@ -242,7 +234,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     except OSError as exc:
         raise RunFolderError(run, exc) from exc
     return Validation(decision=decision, report=files, golden=matched, benches=benches, diff=diffed,
-                      stable_benches=live_stable if live is not None else None)
+                      stable_benches=paired.benches() if live else None)
 
 
 def balance_advice(rendered: Rendered, benches: list[BenchReport], run: Path, progress: Progress,
@@ -323,23 +315,32 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
                                          spec.validation.golden_max_tokens, progress)
     baseline = stable_baseline(status.last_good if slot == "candidate" else record, progress)
     endpoint = target.endpoint(slot)  # type: ignore[arg-type]
-    # vs_stable measured live, beside the candidate: needs a stable slot that serves
-    stable_endpoint = None
+    # vs_stable measured live: against a baseline of the stable release (Target.baseline_server), never
+    # against the user-facing stable slot carrying users' traffic
     vs = spec.slo.vs_stable
-    if (slot == "candidate" and vs is not None and vs.measure == "live" and status.stable.state == "ready"
-            and status.stable.release is not None):
-        stable_endpoint = target.endpoint("stable")
-    elif slot == "candidate" and vs is not None and vs.measure == "live":
-        progress(f"[validate] stable is {status.stable.state}, not serving: vs_stable uses the recorded baseline")
+    baseline_server = None
+    if slot == "candidate" and vs is not None and vs.measure == "live":
+        baseline_server = baseline_of_stable(target, status.stable.release or status.last_good, progress)
     progress(f"[validate] {slot} {record.short()} at {endpoint.base_url}")
     release_file = Path(rendered.overlay) / "release.yaml" if rendered is not None and rendered.overlay else None
     result = validate_candidate(endpoint, spec, run, progress, reference, baseline, api_key,
                                 lambda: target.endpoint(slot), rendered,  # type: ignore[arg-type]
                                 release_file=release_file,
                                 reference_server=lambda: target.reference_server(record, progress),
-                                stable_endpoint=stable_endpoint)
+                                baseline_server=baseline_server)
     result.release = record.short()
     return result
+
+
+def baseline_of_stable(target: Target, stable: ReleaseRecord | None,
+                       progress: Progress) -> Callable[[], AbstractContextManager[Baseline | Skipped]]:
+    """What starts vs_stable's baseline for a candidate: the target's baseline of `stable`, or why none can run."""
+    if stable is None:
+        return lambda: nullcontext(Skipped("no stable release yet (a first release): nothing to compare with"))
+    server = getattr(target, "baseline_server", None)
+    if server is None:
+        return lambda: nullcontext(Skipped(f"the {target.kind} target cannot run a baseline"))
+    return lambda: server(stable, progress)
 
 
 def baseline_of(report: str | None) -> list[dict] | None:

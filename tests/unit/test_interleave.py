@@ -7,7 +7,12 @@ the compat suite, harness, rank tests and gate are real).
 """
 from __future__ import annotations
 
+import json
 import statistics
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
 
 import pytest
 
@@ -16,7 +21,7 @@ from tests.unit.test_release_flow import RecordingTarget, edit, endpoint, overla
 from validation import interleave
 from validation.metrics import summary
 from workflows import steps
-from workflows.targets.base import SlotStatus, TargetStatus
+from workflows.targets.base import Baseline, Skipped, SlotStatus, TargetStatus
 
 
 def test_order_is_seeded_reproducible_and_balanced():
@@ -108,14 +113,30 @@ def test_all_pairs_void_is_no_comparison_but_keeps_the_candidates_blocks():
 
 
 class TwoSlotTarget(RecordingTarget):
-    def __init__(self, candidate_ep, stable_ep):
+    """A candidate, a user-facing stable slot (never to be loaded by validation) and a baseline of the
+    stable release that baseline_server starts and stops (`skip`: the reason none can run)."""
+
+    def __init__(self, candidate_ep, user_ep, baseline_ep, skip=None):
         super().__init__(candidate_ep)
-        self.stable_ep = stable_ep
+        self.user_ep, self.baseline_ep, self.skip = user_ep, baseline_ep, skip
         self.asked: list[str] = []
+        self.baselines: list[tuple[str, str]] = []   # ("started" | "stopped", the record's digest)
 
     def endpoint(self, slot):
         self.asked.append(slot)
-        return self.stable_ep if slot == "stable" else self.endpoint_
+        return self.user_ep if slot == "stable" else self.endpoint_
+
+    @contextmanager
+    def baseline_server(self, record, progress):
+        if self.skip:
+            yield Skipped(self.skip)
+            return
+        self.baselines.append(("started", record.digest))
+        try:
+            yield Baseline(endpoint=self.baseline_ep, release=record.short(), how="a test baseline",
+                           void_reason=interleave.foreign_requests)
+        finally:
+            self.baselines.append(("stopped", record.digest))
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +145,16 @@ def faster_stable():
         yield srv
 
 
-def slots(server, faster_stable, overlay, tmp_path, vs_stable):
-    """A promoted stable whose recorded baseline is the candidate's own speed, serving 10x faster now."""
-    target = TwoSlotTarget(endpoint(server), endpoint(faster_stable))
+@pytest.fixture(scope="module")
+def user_facing():
+    """The stable slot users reach: validation must never send it a request."""
+    with KnownTimingServer(first_token_delay=0.002, inter_token_delay=0.005, tokens=8, model="pdops-tiny") as srv:
+        yield srv
+
+
+def slots(server, faster_stable, user_facing, overlay, tmp_path, vs_stable, skip=None):
+    """A promoted stable whose recorded baseline is the candidate's own speed; its baseline serves 10x faster."""
+    target = TwoSlotTarget(endpoint(server), endpoint(user_facing), endpoint(faster_stable), skip)
     out, _ = steps.release(overlay, target, steps.new_run_dir(tmp_path / "runs", "local"), lambda m: None,
                            revision="first"), None
     assert out.verdict == "promote", out.reasons
@@ -135,35 +163,92 @@ def slots(server, faster_stable, overlay, tmp_path, vs_stable):
         target="recording", stable=SlotStatus(slot="stable", release=stable, state="ready"),
         candidate=SlotStatus(slot="candidate", release=target.candidate), last_good=stable)
     edit(overlay, slo__vs_stable=vs_stable, validation__load=[
-        {"profile": "balanced", "concurrency": 2, "requests": 8, "warmup_requests": 0}])
+        {"profile": "balanced", "concurrency": 2, "requests": 8, "warmup_requests": 1}])
     rendered = steps.load_release(str(overlay), None)
     target.candidate = steps.record_of(rendered, "next").model_copy(update={"colour": "green"})
     target.asked.clear()
+    target.baselines.clear()
+    target.stable_record = stable
     return target, rendered
 
 
-def test_live_stable_is_measured_in_the_release_and_a_slower_candidate_fails(
-        server, faster_stable, overlay, tmp_path, monkeypatch):
+def served(srv) -> int:
+    return len(srv.timings)
+
+
+def test_the_baseline_is_measured_in_paired_blocks_and_a_slower_candidate_fails(
+        server, faster_stable, user_facing, overlay, tmp_path, monkeypatch):
     monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
-    target, rendered = slots(server, faster_stable, overlay, tmp_path, {"ttft_p90": 1.5, "blocks": 2})
+    target, rendered = slots(server, faster_stable, user_facing, overlay, tmp_path, {"ttft_p90": 1.5, "blocks": 2})
     logs: list[str] = []
     (tmp_path / "v").mkdir()
+    users_before = served(user_facing)
     result = steps.validate_slot(target, rendered.spec, tmp_path / "v", logs.append, digest=target.candidate.digest)
-    assert target.asked.count("stable") == 1 and any("block pairs, random order" in m for m in logs), logs
+    # the baseline of the stable release was started, used and stopped; the user-facing slot got nothing
+    assert target.baselines == [("started", target.stable_record.digest), ("stopped", target.stable_record.digest)]
+    assert "stable" not in target.asked and served(user_facing) == users_before
+    assert any("candidate and baseline in 2 block pairs, random order" in m for m in logs), logs
     (stab,) = result.stable_benches
     assert stab.requests_ok == 8 and stab.interleaved.order in ("CSSC", "SCCS") and stab.interleaved.pairs == 2
-    assert stab.samples.block == [0] * 4 + [1] * 4 and stab.load.ramp_s == 1.0
+    assert stab.samples.block == [0] * 4 + [1] * 4 and stab.load.ramp_s == 1.0 and stab.load.warmup == 1
+    assert result.benches[0].samples.block == [0] * 4 + [1] * 4
+    assert stab.base_url == faster_stable.base_url and stab.interleaved.void == []
     assert (tmp_path / "v" / "stable-bench-0-balanced.json").exists()
     failed = [c.check for c in result.decision.checks if not c.ok]
-    # the recorded baseline (the candidate's own speed) would pass; the live stable is 10x faster
+    # the recorded baseline (the candidate's own speed) would pass; the baseline measured now is 10x faster
     assert failed == ["vs_stable_ttft_p90"], result.decision.reasons
 
 
-def test_recorded_measure_keeps_the_baseline_and_leaves_stable_unloaded(
-        server, faster_stable, overlay, tmp_path, monkeypatch):
+@pytest.mark.parametrize("without", ["fail", "absolute_only"])
+def test_no_baseline_fails_vs_stable_closed_or_skips_it_when_the_spec_says_so(
+        server, faster_stable, user_facing, overlay, tmp_path, monkeypatch, without):
+    """The recorded baseline (another day's) is not used in its place: nothing was compared."""
     monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
-    target, rendered = slots(server, faster_stable, overlay, tmp_path, {"ttft_p90": 1.5, "measure": "recorded"})
+    target, rendered = slots(server, faster_stable, user_facing, overlay, tmp_path,
+                             {"ttft_p90": 1.5, "blocks": 2, "without_baseline": without}, skip="no room for 2 pods")
     (tmp_path / "v").mkdir()
     result = steps.validate_slot(target, rendered.spec, tmp_path / "v", lambda m: None, digest=target.candidate.digest)
-    assert "stable" not in target.asked and result.stable_benches is None
+    (vs,) = [c for c in result.decision.checks if c.check == "vs_stable"]
+    assert "no baseline could run: no room for 2 pods" in vs.message and result.stable_benches == []
+    assert "stable" not in target.asked
+    assert (vs.ok, result.decision.verdict) == ((False, "rollback") if without == "fail" else (True, "promote"))
+
+
+def test_recorded_measure_keeps_the_baseline_and_starts_none(
+        server, faster_stable, user_facing, overlay, tmp_path, monkeypatch):
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    target, rendered = slots(server, faster_stable, user_facing, overlay, tmp_path,
+                             {"ttft_p90": 1.5, "measure": "recorded"})
+    (tmp_path / "v").mkdir()
+    result = steps.validate_slot(target, rendered.spec, tmp_path / "v", lambda m: None, digest=target.candidate.digest)
+    assert "stable" not in target.asked and result.stable_benches is None and target.baselines == []
     assert not [c for c in result.decision.checks if not c.ok], result.decision.reasons
+
+
+def test_foreign_requests_on_the_baseline_void_the_block(faster_stable):
+    """Someone else's requests reach the baseline while a block runs: its engines count more requests
+    in the window than the benchmark sent, so the block (and its pair) cannot count."""
+    from validation import profiles
+    from validation.bench import run_bench
+
+    def intruder():
+        time.sleep(0.3)
+        body = json.dumps({"model": "pdops-tiny", "prompt": "x", "max_tokens": 4, "stream": True}).encode()
+        for _ in range(3):
+            req = urllib.request.Request(faster_stable.base_url + "/completions", body,
+                                         {"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=10).read()  # noqa: S310 - 127.0.0.1
+
+    ep = endpoint(faster_stable)
+    quiet = run_bench(ep.base_url, "pdops-tiny", profiles.get("balanced"), concurrency=1, requests=6,
+                      metrics_url=ep.metrics_url)
+    assert interleave.foreign_requests(quiet) is None
+    thread = threading.Thread(target=intruder)
+    thread.start()
+    busy = run_bench(ep.base_url, "pdops-tiny", profiles.get("balanced"), concurrency=1, requests=30,
+                     metrics_url=ep.metrics_url)
+    thread.join()
+    why = interleave.foreign_requests(busy)
+    assert why is not None and "3 were not ours" in why and "sent 30" in why
+    blind = busy.model_copy(update={"server": None})
+    assert "could not be read" in interleave.foreign_requests(blind)   # unverifiable: fails closed

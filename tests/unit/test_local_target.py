@@ -35,6 +35,9 @@ class FakeRay:
     def pid(self):
         return 4242 if self.running else None
 
+    def metrics_lag_s(self):
+        return 10.0
+
     def start(self, resources, progress):
         self.running = True
 
@@ -263,3 +266,28 @@ def test_rollback_returns_once_serve_has_removed_the_candidate(target):
     target.rollback(["ttft p90 too high"], None, lines.append)
     assert set(target.ray.apps) == {"pd-llm-blue"}
     assert "[ray] waiting for Serve to remove pd-llm-green" in lines
+
+
+def test_the_baseline_is_the_stable_slots_engines_checked_for_foreign_requests(target):
+    """The local target reuses the stable slot (no third slot fits in memory); it is a fair baseline
+    only while nobody else sends it requests, which each block checks (validation.interleave.foreign_requests)."""
+    from validation.interleave import foreign_requests
+    from validation.reports import BenchReport
+    from workflows.targets.base import Baseline, Skipped
+
+    stable = promoted(target, 1)
+    target.apply(record(2), say)
+    with target.baseline_server(stable, say) as got:
+        assert isinstance(got, Baseline) and got.void_reason is foreign_requests
+        assert got.endpoint.base_url == "http://127.0.0.1:18000/v1" and got.release == stable.short()
+        assert got.endpoint.metrics_labels == {"ReplicaId": ["pd-llm-blue-decode"]}   # stable's engines only
+        ours = BenchReport.model_validate({"requests_total": 4, "server": {"requests_seen": 4}})
+        theirs = BenchReport.model_validate({"requests_total": 4, "server": {"requests_seen": 6}})
+        assert got.void_reason(ours) is None and "2 were not ours" in got.void_reason(theirs)
+    assert target.ray.apps["pd-llm-blue"]["status"] == "RUNNING"    # nothing started, nothing removed
+    with target.baseline_server(record(3), say) as other:           # stable holds another release
+        assert isinstance(other, Skipped) and "no baseline engines to reuse" in other.reason
+    target.ray.stop(say)
+    with target.baseline_server(stable, say) as down:
+        assert isinstance(down, Skipped) and "is not serving" in down.reason
+

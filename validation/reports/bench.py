@@ -160,7 +160,9 @@ class Interleaved(ReportModel):
 
     blocks: int                       # blocks per side, as planned
     order: str                        # e.g. CSSCSCCS: C candidate, S stable (baseline), pair by pair
-    seed: int | None = None           # the seed of the order: which side went first in each pair
+    # the seed of the order (which side went first in each pair); a later look starting at block f
+    # drew its order from seed + 1000 * f (workflows/paired.py)
+    seed: int | None = None
     pairs: int | None = None          # pairs measured and kept (blocks - void), what the gate pairs
     first_block: int = 0              # the first pair's block index (a later look continues the count)
     void: list[VoidPair] = Field(default_factory=list)

@@ -14,7 +14,8 @@ import hashlib
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Literal, NamedTuple, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -98,6 +99,21 @@ class TargetStatus(BaseModel):
     leftovers: list[str] = []   # objects a run that died left behind (e.g. a reference RayService)
 
 
+@dataclass
+class Baseline:
+    """The stable release serving only the benchmark, beside the candidate, at the stable render's size
+    (`Target.baseline_server`): the other side of vs_stable's paired blocks (validation/interleave.py).
+    Never the user-facing slot: user traffic there would slow stable and lean the comparison toward
+    the candidate."""
+
+    endpoint: Endpoint
+    release: str                     # what it serves (ReleaseRecord.short())
+    how: str                         # one line for the log: where it runs and why the comparison is fair
+    # why a block measured on it must not count (requests that were not the benchmark's), else None;
+    # takes the block's BenchReport (validation.interleave.foreign_requests)
+    void_reason: Callable[[Any], str | None] = field(default=lambda bench: None)
+
+
 class Skipped(NamedTuple):
     """Why a target has no reference engine this time (no room, never ready, dry run): golden tokens
     and the diff are then reported as skipped with this reason, never passed silently."""
@@ -163,6 +179,12 @@ class Target(Protocol):
         """A single non-disaggregated engine of the record's model serving while the block runs: its
         OpenAI base URL, Skipped(why) when it cannot run this time, or None where this target cannot
         run one. Golden tokens and `pdops diff` share it."""
+
+    def baseline_server(self, record: ReleaseRecord, progress: Progress) -> AbstractContextManager[Baseline | Skipped]:
+        """`record` (the stable release) deployed at its own size, loaded by nothing but the benchmark
+        while the block runs, and removed when it ends, on every exit path: the baseline vs_stable
+        compares the candidate with. Skipped(why) when none can run this time (the gate then fails
+        vs_stable closed, or skips it under `slo.vs_stable.without_baseline: absolute_only`)."""
 
     def reference(self, record: ReleaseRecord, prompts: list[str], max_tokens: int,
                   progress: Progress) -> list[dict] | None:

@@ -26,14 +26,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel
 
-from validation.server_metrics import RAY_METRICS_LAG_S
+from validation.interleave import foreign_requests
 from workflows.errors import InputError
 from workflows.manifest import find, serve_config_of
 from workflows.serve_config import IMPORT_PATH, app_args
 from workflows.targets.base import (
+    Baseline,
     Endpoint,
     Progress,
     ReleaseRecord,
+    Skipped,
     SlotStatus,
     TargetError,
     TargetStatus,
@@ -282,7 +284,7 @@ class LocalTarget:
                   for phase in ("prefill", "decode") if name.lower().startswith(phase + ":")}
         return Endpoint(base_url=f"http://{HOST}:{self.ports.serve}{prefix}/v1", metrics_url=self.ray.metrics_url,
                         metrics_labels={"ReplicaId": replicas} if replicas else {}, metrics_phases=phases,
-                        metrics_lag_s=RAY_METRICS_LAG_S, tokenizer=served_tokenizer(record) if record else None)
+                        metrics_lag_s=self.ray.metrics_lag_s(), tokenizer=served_tokenizer(record) if record else None)
 
     # -- the protocol ------------------------------------------------------------------------------
     def apply(self, record: ReleaseRecord, progress: Progress) -> ReleaseRecord:
@@ -419,6 +421,31 @@ class LocalTarget:
         with ReferenceEngine(self.home, self.ports.reference, model_dir, record.model, engine) as ref:
             ref.wait_ready(progress)
             yield ref.base_url
+
+    @contextmanager
+    def baseline_server(self, record: ReleaseRecord, progress: Progress) -> Iterator[Baseline | Skipped]:
+        """The stable slot's own engines as vs_stable's baseline: no third slot is started (two P/D
+        slots already take about 16 GiB of this machine's 24, ../shared/notes/local-stack.md).
+
+        Why reusing them is like against like here: the stable slot serves exactly `record`'s render
+        (same engines, arguments and replicas: same size); both slots run on the same Ray and cores
+        and only one side is loaded at a time (validation/interleave.py); and the local target has no
+        user traffic: it listens on 127.0.0.1 and only pdops sends to it. That last is checked, not
+        assumed: every baseline block compares the stable engines' own request counter over the
+        block's window with the requests the benchmark sent, and a block with foreign requests is
+        void (validation.interleave.foreign_requests), so a `curl` from a user during the release
+        cannot slow the baseline unseen. Nothing is started, so nothing is removed at the end."""
+        stable = self._slots().stable
+        if stable is None or stable.digest != record.digest:
+            held = stable.short() if stable is not None else "nothing"
+            yield Skipped(f"the stable slot holds {held}, not {record.short()}: no baseline engines to reuse")
+            return
+        if self.ray.pid() is None or not self._serving(stable):
+            yield Skipped(f"the stable slot ({stable.short()}) is not serving: no baseline engines to reuse")
+            return
+        yield Baseline(endpoint=self.endpoint("stable"), release=stable.short(), void_reason=foreign_requests,
+                       how="the stable slot's engines (no user traffic on the local target; each block checks "
+                           "the engines' request counter for foreign requests)")
 
     def _serving(self, record: ReleaseRecord) -> bool:
         return (self.ray.applications().get(self._app_name(record)) or {}).get("status") == "RUNNING"

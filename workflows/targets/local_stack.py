@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.errors import InputError
 from workflows.targets import vllm_plugin
 from workflows.targets.base import Progress, TargetError
@@ -37,6 +38,13 @@ ENGINE_ENV = {
 }
 HOST = "127.0.0.1"
 NICENESS = 10
+# Ray exports each process's metrics (the engines' ray_vllm_*) every metrics_report_interval_ms:
+# default 10 s, floor 1 s (ray/_private/telemetry/open_telemetry_metric_recorder.py, which mirrors
+# src/ray/stats/stats.h), read from RAY_<name> by every Ray process. Every bench waits out that lag
+# before its server-metrics window opens and after it closes, and vs_stable's paired blocks make
+# 2 x blocks benches per load: at 10 s, 4 pairs cost over 2 minutes of waiting; at 2 s, about 30 s.
+METRICS_INTERVAL_MS = 2000
+ENGINE_ENV["RAY_metrics_report_interval_ms"] = str(METRICS_INTERVAL_MS)
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,7 @@ class LocalRay:
     def __init__(self, home: Path, ports: Ports) -> None:
         self.home, self.ports = home, ports
         self.pid_file = home / "ray.pid"
+        self.interval_file = home / "ray.metrics-interval-ms"   # the running Ray's export interval
         self.log = home / "ray.log"
         # Unix socket paths must stay short, so Ray's temp dir is not under the repo.
         self.temp_dir = Path("/tmp") / f"pdops-ray-{os.getuid()}-{ports.serve}"
@@ -122,6 +131,16 @@ class LocalRay:
         except (OSError, ValueError):
             return None
         return pid if _alive(pid, str(self.temp_dir)) else None
+
+    def metrics_lag_s(self) -> float:
+        """How stale the running Ray's metrics can be: its export interval plus a quarter (measured at
+        10 s: a request showed 10.4 s after it finished); a Ray started without the file (an older
+        pdops) is taken to export at Ray's default."""
+        try:
+            interval_ms = int(self.interval_file.read_text())
+        except (OSError, ValueError):
+            return RAY_METRICS_LAG_S
+        return max(interval_ms, 1000) / 1000 * 1.25
 
     def healthy(self) -> bool:
         try:
@@ -155,6 +174,7 @@ class LocalRay:
                                         stdin=subprocess.DEVNULL, env={**os.environ, **ENGINE_ENV},
                                         start_new_session=True, cwd=self.home)
             self.pid_file.write_text(str(proc.pid))
+            self.interval_file.write_text(str(METRICS_INTERVAL_MS))
         started = time.monotonic()
         while time.monotonic() - started < timeout_s:
             if (proc.poll() is not None) if proc else self.pid() is None:
@@ -175,6 +195,7 @@ class LocalRay:
         progress(f"[ray] stopping the local Ray (pid {pid})")
         _stop_group(pid, str(self.temp_dir), grace_s=30)
         self.pid_file.unlink(missing_ok=True)
+        self.interval_file.unlink(missing_ok=True)
         return True
 
     def resources(self) -> dict[str, float]:

@@ -57,6 +57,7 @@ class Slots:
         def _wait_gone(self, name: str, progress: Progress, step: str = "rollout") -> None: ...
         def _check_capacity(self, candidate: ReleaseRecord, progress: Progress) -> None: ...
         def remove_references(self, progress: Progress, step: str = "reference") -> list[str]: ...
+        def remove_baselines(self, progress: Progress, step: str = "baseline") -> list[str]: ...
 
     def apply(self, record: ReleaseRecord, progress: Progress) -> ReleaseRecord:
         state = self._state(record.name)
@@ -132,6 +133,8 @@ class Slots:
                     else self._ensure_stable(state, progress))
         if not self.dry_run and (gone := self.remove_references(progress, "rollback")):   # a killed validate's
             done.append(f"removed leftover reference {', '.join(gone)}")
+        if not self.dry_run and (gone := self.remove_baselines(progress, "rollback")):    # likewise (baseline.py)
+            done.append(f"removed leftover baseline {', '.join(gone)}")
         return "; ".join(done)
 
     # ---- paths ----

@@ -26,6 +26,7 @@ from workflows.names import ROLE_LABEL
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
 from workflows.targets.kube import golden_cache, objects as obj, reference as ref, traffic
 from workflows.targets.kube.api import Kube
+from workflows.targets.kube.baseline import ROLE as BASELINE_ROLE, Baselines
 from workflows.targets.kube.capacity import PodNeed, place, rayservice_pods
 from workflows.targets.kube.history import HistoryStore, State
 from workflows.targets.kube.lease import LEASE_S, ReleaseLock
@@ -37,7 +38,7 @@ RECENT_EVENTS = 10
 DRAIN_GRACE_S = 30.0   # kube-proxy on every node follows an EndpointSlice change within seconds; streams finish
 
 
-class KubernetesTarget(Slots, ref.References):
+class KubernetesTarget(Slots, ref.References, Baselines):
     """Blue/green RayServices in one namespace, driven with the official `kubernetes` client."""
 
     kind = "kubernetes"
@@ -120,6 +121,9 @@ class KubernetesTarget(Slots, ref.References):
         leftovers = [f"RayService {rs['metadata']['name']} (single-engine reference of a run that did not finish; "
                      "the next release or `pdops rollback` deletes it)"
                      for rs in self.kube.list("RayService", {ROLE_LABEL: ref.ROLE})]
+        leftovers += [f"RayService {rs['metadata']['name']} (vs_stable baseline of a run that did not finish; "
+                      "the next release or `pdops rollback` deletes it)"
+                      for rs in self.kube.list("RayService", {ROLE_LABEL: BASELINE_ROLE})]
         return TargetStatus(target=self.kind, stable=stable, candidate=self._slot_status("candidate", state.candidate),
                             last_good=last_good(state.history), leftovers=leftovers)
 
