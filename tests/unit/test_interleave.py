@@ -235,7 +235,7 @@ def test_foreign_requests_on_the_baseline_void_the_block(faster_stable):
         time.sleep(0.3)
         body = json.dumps({"model": "pdops-tiny", "prompt": "x", "max_tokens": 4, "stream": True}).encode()
         for _ in range(3):
-            req = urllib.request.Request(faster_stable.base_url + "/completions", body,
+            req = urllib.request.Request(faster_stable.base_url + "/completions", body,  # noqa: S310 - 127.0.0.1
                                          {"Content-Type": "application/json"})
             urllib.request.urlopen(req, timeout=10).read()  # noqa: S310 - 127.0.0.1
 

@@ -17,9 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.kube_support import LOCAL_NS, Lines, cluster, live, manifests, release  # noqa: F401
-from tests.kube_support import record as _record
-from tests.kube_support import target as _target
+from tests.kube_support import LOCAL_NS, Lines, cluster, live, manifests, record as _record, release, target as _target  # noqa: F401
 from tests.unit.test_kube_reference import dns  # noqa: F401
 from workflows import steps
 from workflows.spec import load_spec
