@@ -8,6 +8,7 @@ and the Argo execution tier (tests/argo) runs that committed YAML step by step.
 
     check -> rollout -> validate -> promote    (verdict promote)
                                 \-> rollback   (any other verdict, or validate failed)
+    rollout verdict unchanged:   check -> rollout (the release already serves as stable: a no-op)
     dry-run=true:          check -> rollout --dry-run (the API server admits every object; nothing stored)
     skip-to-rollback=true: only skip-to-rollback (drop a candidate, restore the last good release)
     onExit:                rollback-if-pending when the workflow did not succeed (the safety net)
@@ -257,7 +258,10 @@ def build_release(image: str = STEP_IMAGE):
         with DAG(name="release"):
             Task(name="check", template=check, when=f"{skip} == false")
             Task(name="rollout", template=rollout, depends="check.Succeeded")
-            Task(name="validate", template=validate, depends="rollout.Succeeded", when=f"{P % 'dry-run'} == false")
+            # rollout writes `unchanged` when the release already serves as stable (steps.settle_candidate):
+            # a re-release is a no-op that succeeds, validate and promote are skipped
+            Task(name="validate", template=validate, depends="rollout.Succeeded",
+                 when=f"{P % 'dry-run'} == false && '{{{{tasks.rollout.outputs.parameters.verdict}}}}' != 'unchanged'")
             Task(name="promote", template=promote, depends="validate.Succeeded", when=f"'{verdict}' == 'promote'",
                  arguments=run)
             Task(name="rollback", template=rollback, depends="validate.Succeeded || validate.Failed",

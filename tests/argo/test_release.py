@@ -44,6 +44,23 @@ def test_manual_run_from_the_ui_promotes(pipeline):
     assert run.task("rollback-if-pending", on_exit=True).phase == "Skipped"
 
 
+def test_re_releasing_the_serving_render_is_a_no_op_that_succeeds(pipeline):
+    """Issue 22 item 2: the second run of the same revision finds its render stable and serving. The
+    rollout step writes `unchanged` (steps.settle_candidate, the rule `pdops release` follows too), so
+    validate is skipped by its `when` and promote/rollback are omitted; nothing is written to the cluster."""
+    first = pipeline.submit("pd-release.yaml", {})
+    assert first.phase == "Succeeded" and pipeline.stable_colour() == "blue", first.describe()
+    before = (pipeline.rayservices(), pipeline.stable_colour(), pipeline.history())
+    run = pipeline.submit("pd-release.yaml", {})
+    assert run.phase == "Succeeded", run.describe()
+    assert run.outputs.get("verdict") == "unchanged", run.describe()
+    assert run.task("rollout").phase == "Succeeded" and run.task("validate").phase == "Skipped", run.describe()
+    assert {run.phases().get(t) for t in ("promote", "rollback")} <= {"Omitted", "Skipped", None}, run.describe()
+    assert run.task("rollback-if-pending", on_exit=True).phase == "Skipped"
+    assert (pipeline.rayservices(), pipeline.stable_colour(), pipeline.history()) == before
+    assert verdict_series(run) == [("unchanged", "Succeeded", 1.0)] and run.metric_errors == []
+
+
 def test_gate_failure_rolls_back_and_keeps_stable(pipeline):
     pipeline.seed("a")                                                  # stable: blue
     pipeline.next_engine(inter_token_delay=0.25)                       # ITL far above dev's 60 ms p90 SLO
