@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine (each runs the idempotent set-up first):
 #   make release   the main job on the embedded default (overlays/local)
 #   make test      the test suite (what CI runs via .ci/run)
-#   make lint      ruff and mypy over workflows/ and validation/ (CI runs it before the tests)
+#   make lint      ruff, mypy and the import contracts over workflows/ and validation/ (CI runs it before the tests)
 #   make docs      the manual: generated pages current, then `mkdocs build --strict` into build/site
 .PHONY: setup release lint docs test test-e2e test-faults bench-render
 
@@ -11,10 +11,12 @@ setup:
 release: setup
 	.venv/bin/pdops release --overlay overlays/local
 
-# Rules, strictness and why: [tool.ruff] and [tool.mypy] in pyproject.toml. Lint rules only: no formatter.
+# Rules, strictness and why: [tool.ruff], [tool.mypy] and [tool.importlinter] (layers that go one way,
+# no cycles, validation/ importing nothing of workflows/) in pyproject.toml. Lint rules only: no formatter.
 lint: setup
 	.venv/bin/ruff check
 	.venv/bin/mypy
+	.venv/bin/lint-imports
 
 # The manual (docs/, mkdocs.yml). Seconds: CI runs it before the tests. --strict fails on a broken link,
 # a missing anchor or a page left out of nav; gen_docs --check on a stale CLI or schema page.

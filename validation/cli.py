@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from validation.cli_args import (
-    ReleaseReader,
     count as _count,
     err as _err,
     http_url as _http_url,
@@ -22,6 +21,7 @@ from validation.cli_args import (
     write_json as _write_json,
 )
 from validation.errors import InputError
+from validation.release_inputs import ReleaseReader
 
 if TYPE_CHECKING:
     from validation.reports.bench import BenchReport

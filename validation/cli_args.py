@@ -8,30 +8,28 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from pydantic import BaseModel
 
-from validation.config import SLO, Validation
 from validation.errors import InputError
-from validation.reports.base import ReportModel
-from validation.reports.bench import BenchReport
 
 
 def err(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def write_json(path: str | None, data: ReportModel | BaseModel | dict[str, Any]) -> None:
+def write_json(path: str | None, data: BaseModel | dict[str, Any]) -> None:
+    """DATA as JSON at PATH (nothing when PATH is None); a report model writes its own strict JSON
+    (validation/reports/base.py ReportModel.to_json: NaN as null, field aliases)."""
     if path:
         p = Path(path)
+        to_json = getattr(data, "to_json", None)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(data.to_json() if isinstance(data, ReportModel) else
+            p.write_text(to_json() if callable(to_json) else
                          data.model_dump_json(indent=2) if isinstance(data, BaseModel) else
                          json.dumps(data, indent=2, default=str))
         except OSError as exc:
@@ -73,16 +71,3 @@ def output_dir(text: str) -> str:
     if Path(text).exists() and not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
     return text
-
-
-@dataclass(frozen=True)
-class ReleaseInputs:
-    """What `pdops gate` and `pdops plan-load --release` read of a release.yaml, as typed inputs:
-    validation/ imports nothing of workflows/, so the top CLI (workflows/cli.py) hands in the
-    reader (workflows/pricing.py release_inputs) through validation/cli.py register(sub, read_release=...)."""
-    slo: SLO
-    validation: Validation
-    price: Callable[[list[BenchReport]], str | None]   # prices runs without a cost; why not, or None
-
-
-ReleaseReader = Callable[[Path], ReleaseInputs]

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from validation.cli_args import ReleaseInputs
 from validation.cost import cost_of
+from validation.release_inputs import ReleaseInputs
 from validation.reports.bench import BenchReport
 from validation.reports.cost import Cost
 from workflows.checks.instances import phase_instances, takes_node

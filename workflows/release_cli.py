@@ -7,12 +7,12 @@ Exit codes: 0 promoted / done / unchanged, 1 rolled back or failed, 2 bad input.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
+# shared with `pdops validate` (workflows/validate_cli.py), named locally as before
+from workflows.cli_common import api_key as _api_key, emit as _emit, progress as _progress
 from workflows.errors import InputError
 from workflows.targets.base import Target, TargetError, TargetStatus
 
@@ -33,13 +33,6 @@ examples:
   pdops status                                what is stable, what is pending, the last good release
   pdops rollback                              restore the last good release (e.g. after a crash)
 """
-
-
-def _progress(started: float):
-    def say(msg: str) -> None:
-        m, s = divmod(int(time.monotonic() - started), 60)
-        print(f"[{m:02d}:{s:02d}] {msg}", file=sys.stderr, flush=True)
-    return say
 
 
 def _bool(text: str) -> bool:
@@ -67,18 +60,6 @@ def _refuse_local_dry_run(args: argparse.Namespace) -> None:
     if args.dry_run and args.target == "local":
         raise InputError("--dry-run", "", "the local target has no dry run",
                          "use `pdops check OVERLAY` to see what would be applied")
-
-
-def _emit(args: argparse.Namespace, data: dict, text: str) -> None:
-    if args.json:
-        json.dump(data, sys.stdout, indent=2, default=str)
-        print()
-    else:
-        print(text)
-
-
-def _api_key() -> str | None:
-    return os.environ.get("PDOPS_API_KEY") or None
 
 
 def cmd_release(args: argparse.Namespace) -> int:

@@ -13,7 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
-from workflows.release_cli import _api_key, _emit, _progress, open_target, outputs_flag, target_flags
+from workflows.cli_common import api_key, emit, progress
+from workflows.release_cli import open_target, outputs_flag, target_flags
 from workflows.targets.base import TargetError
 
 HELP = """\
@@ -37,7 +38,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from workflows.manifest import render
     from workflows.steps import RunFolderError, new_run_dir, record_of, validate_slot
 
-    say = _progress(time.monotonic())
+    say = progress(time.monotonic())
     overlay = Path(args.overlay)
     rendered = render(overlay)   # the spec, and the digest of what the overlay renders
     assert rendered.spec is not None
@@ -50,7 +51,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     say(f"[validate] {args.slot} of {overlay} on the {args.target} target; run folder {run}")
     target = open_target(args)
     try:
-        result = validate_slot(target, rendered.spec, run, say, slot=args.slot, digest=digest, api_key=_api_key(),
+        result = validate_slot(target, rendered.spec, run, say, slot=args.slot, digest=digest, api_key=api_key(),
                                rendered=rendered)   # rendered: each run is priced on its nodes
     except TargetError as exc:
         if exc.transient:
@@ -66,11 +67,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         lines = [f"{decision.verdict.upper()}: {result.release} ({decision.passed} checks passed, "
                  f"{decision.failed} failed)", *(f"  - {r}" for r in decision.reasons[:12]),
                  f"report: {result.report.markdown}"]
-        _emit(args, {"verdict": decision.verdict, "release": result.release, "reasons": decision.reasons,
+        emit(args, {"verdict": decision.verdict, "release": result.release, "reasons": decision.reasons,
                      "run": str(run), "report": result.report.json_data()}, "\n".join(lines))
         return 0 if decision.verdict == "promote" else 1
     step_outputs.write(args.outputs, "failed", step_outputs.lines(f"failed: validation of the {args.slot}", reasons))
-    _emit(args, {"verdict": "failed", "reasons": reasons, "run": str(run)},
+    emit(args, {"verdict": "failed", "reasons": reasons, "run": str(run)},
           "FAILED: " + reasons[0] + "".join(f"\n  - {r}" for r in reasons[1:]))
     return 1
 

@@ -88,14 +88,14 @@ def test_api_key_reaches_validation_steps_by_secret_reference_only(argo_objects)
             **argo.API_KEY_SECRET, "optional": True}}}, (name, step)
         assert not any(e["name"] == argo.API_KEY_ENV for t in templates.values() if t is not templates[step]
                        for e in (t.get("container") or {}).get("env", [])), "only validation gets the key"
-    # ... and `pdops validate` reads that variable (release_cli._api_key)
+    # ... and `pdops validate` reads that variable (workflows/cli_common.py api_key)
     import os
 
-    from workflows import release_cli
+    from workflows import cli_common
 
     os.environ[argo.API_KEY_ENV] = "k-test"
     try:
-        assert release_cli._api_key() == "k-test"
+        assert cli_common.api_key() == "k-test"
     finally:
         del os.environ[argo.API_KEY_ENV]
 

@@ -9,7 +9,7 @@ import pytest
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles, report
 from validation.cli import main, register
-from validation.cli_args import ReleaseInputs
+from validation.release_inputs import ReleaseInputs
 from validation.config import SLO, PrefillSLO, Validation
 from validation.errors import InputError
 from validation.gate import decide
