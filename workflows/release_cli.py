@@ -95,7 +95,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from workflows.checks.run import blocking, check_rendered
     from workflows.checks.schema import schema_dir_from_env
     from workflows.manifest import load_release
-    from workflows.steps import record_of, revision_of
+    from workflows.steps import record_of, revision_of, settle_candidate
 
     say = _progress(time.monotonic())
     rendered = load_release(args.overlay, None)
@@ -111,6 +111,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     _refuse_local_dry_run(args)
     try:
         with target.session():
+            settled = settle_candidate(target, record, say, dry_run=args.dry_run)
+            if settled.unchanged:   # re-release of what serves: the workflow skips validate and promote
+                step_outputs.write(args.outputs, "unchanged", step_outputs.lines(
+                    f"unchanged: {record.short()} is already stable and serving",
+                    [settled.action or "nothing applied"]))
+                _emit(args, {"release": record.short(), "unchanged": True, "action": settled.action},
+                      f"unchanged: {record.short()} is already stable and serving")
+                return 0
             record = target.apply(record, say)
             if args.dry_run:
                 step_outputs.write(args.outputs, "dry-run", step_outputs.lines(
@@ -142,6 +150,18 @@ def _reasons(report: str | None) -> list[str]:
         return []
 
 
+def _judged(report: str | None) -> str | None:
+    """The stable release the --report folder's validation judged (validate_cli writes validated.json):
+    what `rollback --to-previous` regresses, so its retry does not regress the release it restored."""
+    if not report:
+        return None
+    try:
+        judged = json.loads((Path(report) / "validated.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return judged.get("release") if isinstance(judged, dict) and judged.get("slot") == "stable" else None
+
+
 def cmd_promote(args: argparse.Namespace) -> int:
     say = _progress(time.monotonic())
     _refuse_local_dry_run(args)
@@ -163,8 +183,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         if args.if_candidate_pending and target.status().candidate.release is None:
             _emit(args, {"action": "none"}, "no candidate pending: nothing to roll back")
             return 0
+        regressed = args.regressed or (_judged(args.report) if args.to_previous else None)
         action = target.rollback(_reasons(args.report) or [args.reason], args.report, say,
-                                 to_previous=args.to_previous)
+                                 to_previous=args.to_previous, regressed=regressed)
     from workflows import step_outputs
 
     step_outputs.write(args.outputs, "rolled-back", step_outputs.lines("rolled back", [args.reason, action]))
@@ -269,6 +290,9 @@ def register(sub) -> None:
                    help="do nothing unless a candidate is pending (Argo's exit handler)")
     p.add_argument("--to-previous", action="store_true",
                    help="the stable release regressed: mark it so and restore the good release before it")
+    p.add_argument("--regressed", metavar="RELEASE",
+                   help="with --to-previous: the release found regressed (digest or its 12 characters); a retry "
+                        "after it was replaced changes nothing (default: the one the --report folder judged)")
     p.add_argument("--report", help="the gate's report folder (its reasons go into the history)")
     p.add_argument("--reason", default="rolled back by hand", help="why, for the history")
     outputs_flag(p)

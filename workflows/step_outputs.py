@@ -3,8 +3,9 @@
 Runs inside the step pods (the Argo definitions are in workflows/argo.py). Every step that can end
 a run writes `verdict` and `summary`, so the workflow's outputs and Prometheus metrics say why a run
 ended however early it ended: `blocked` (check found problems), `failed` (the target or validation
-could not finish), `dry-run`, `promote` / `rollback` (the gate's verdict), `rolled-back` (a run
-asked only to roll back). The last writer wins: Argo keeps the newest value of a global output
+could not finish), `dry-run`, `unchanged` (rollout: the release already serves as stable, so the
+workflow skips validate and promote), `promote` / `rollback` (the gate's verdict), `rolled-back`
+(a run asked only to roll back). The last writer wins: Argo keeps the newest value of a global output
 (`addOutputsToGlobalScope` in workflow/controller/operator.go), and the DAG is a chain.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from validation.reports.bench import BenchReport, Quantiles
 
-VERDICTS = ("checked", "blocked", "pending", "dry-run", "promote", "rollback", "failed", "rolled-back")
+VERDICTS = ("checked", "blocked", "pending", "dry-run", "unchanged", "promote", "rollback", "failed", "rolled-back")
 # Headline figures of the first benchmark; the workflow's gauges (argo.GAUGES) read them.
 FIGURES = ("ttft-p50-ms", "ttft-p99-ms", "itl-p50-ms", "itl-p99-ms", "kv-prompt-tokens")
 SUMMARY_MAX = 200_000   # bytes: Argo stores output parameters in the Workflow object (etcd's 1.5 MiB limit)

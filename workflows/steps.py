@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from workflows.checks.run import blocking, check_rendered
 from workflows.errors import InputError
@@ -379,6 +379,40 @@ def _dump(path: Path, data: Any) -> None:
            else json.dumps(data, indent=2, default=str))
 
 
+class Settled(NamedTuple):
+    unchanged: bool          # the release already serves as stable: nothing to roll out
+    action: str | None       # what settling did (a rollback's one line), None when nothing
+
+
+def settle_candidate(target: Target, record: ReleaseRecord, progress: Progress, *,
+                     dry_run: bool = False) -> Settled:
+    """Before `record` rolls out, what an earlier run left is settled by one rule, the same for
+    `pdops release` and the Argo rollout step (issue 22 item 5). Called holding the target's lock
+    (session()), so no live run owns what it finds:
+    - another release's candidate pending: rolled back, recorded as superseded by `record` (a dry run
+      only says so, and the rollout then refuses as the target does);
+    - `record` itself pending: left for the rollout to resume (the target's apply returns it);
+    - `record` already stable and serving: unchanged, nothing to do; stable but not serving: restored
+      (rollback), then unchanged."""
+    status = target.status()
+    pending = status.candidate.release
+    if pending is not None and pending.digest != record.digest:
+        if dry_run:
+            progress(f"[rollout] dry run: a real run would first roll back the half-done candidate {pending.short()}")
+        else:
+            progress(f"[rollout] found a half-done candidate {pending.short()} from an earlier run: undoing it")
+            target.rollback([f"left half way by an earlier run; superseded by {record.short()}"], None, progress)
+            status = target.status()
+    stable = status.stable.release
+    if stable is None or stable.digest != record.digest:
+        return Settled(False, None)
+    if status.stable.state == "ready":
+        progress(f"[release] {record.short()} is already stable and serving: nothing to do")
+        return Settled(True, None)
+    progress(f"[release] {record.short()} is the stable release but is {status.stable.state}: restoring it")
+    return Settled(True, target.rollback([f"stable was {status.stable.state}"], None, progress))
+
+
 def release(overlay: Path, target: Target, run: Path, progress: Progress, *, revision: str | None = None,
             ready_timeout_s: float = 1200, schema_dir: Path | None = None,
             api_key: str | None = None) -> ReleaseOutcome:
@@ -422,20 +456,10 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
     outcome.release, outcome.digest, outcome.revision = record.short(), record.digest, record.revision
 
     with target.session():
-        status = target.status()
-        pending = status.candidate.release
-        if pending is not None and pending.digest != record.digest:
-            progress(f"[rollout] found a half-done candidate {pending.short()} from an earlier run: undoing it")
-            target.rollback([f"left half way by an earlier run; superseded by {record.short()}"], None, progress)
-        stable = status.stable.release
-        if stable is not None and stable.digest == record.digest:
-            if status.stable.state == "ready":
-                progress(f"[release] {record.short()} is already stable and serving: nothing to do")
-                return finish("unchanged", ["the rendered manifest equals the stable release's"])
-            progress(f"[release] {record.short()} is the stable release but is {status.stable.state}: restoring it")
-            undo = target.rollback([f"stable was {status.stable.state}"], None, progress)
-            return finish("unchanged", ["the rendered manifest equals the stable release's; restored it"],
-                          action=undo)
+        settled = settle_candidate(target, record, progress)
+        if settled.unchanged:
+            return finish("unchanged", ["the rendered manifest equals the stable release's"
+                                        + ("; restored it" if settled.action else "")], action=settled.action)
 
         reference: Any = _FETCH   # with the diff on, golden answers come from its reference engine
         if spec.validation.golden_prompts and not spec.validation.diff and spec.validation.reference != "none":

@@ -10,6 +10,7 @@ Exit codes: 0 promote, 1 rollback or failed (a verdict, never retried), 2 bad in
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -61,6 +62,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         reasons = [f"validation could not record its results: {exc}"]
     else:
         decision = result.decision
+        try:   # which release was judged: `rollback --to-previous --report RUN` regresses that one only
+            (run / "validated.json").write_text(json.dumps({"slot": args.slot, "release": result.release}),
+                                                encoding="utf-8")
+        except OSError as exc:
+            say(f"[validate] cannot write {run / 'validated.json'}: {exc.strerror or exc}")
         summary = (run / "summary.md").read_text(encoding="utf-8") if (run / "summary.md").is_file() else \
             step_outputs.lines(decision.verdict, decision.reasons)
         step_outputs.write(args.outputs, decision.verdict, summary, result.benches)

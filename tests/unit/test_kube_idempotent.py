@@ -113,7 +113,7 @@ def _state(cluster) -> dict:
     stable, candidate = status.stable.release, status.candidate.release
     return {
         "service": service.get("spec", {}).get("selector", {}).get(COLOUR_LABEL),
-        "rayservices": {n: (o["metadata"]["annotations"]["test/variant"], rayservice_state(o).state)
+        "rayservices": {n: (o["metadata"]["annotations"].get("test/variant", "r"), rayservice_state(o).state)
                         for n, o in live("rayservices").items()},
         "pdbs": sorted(live("poddisruptionbudgets")),
         "stable": stable and (stable.revision[0], stable.colour, status.stable.state),
@@ -210,5 +210,80 @@ def test_rollout_after_a_promote_recorded_but_not_switched_never_touches_the_col
         state = _state(cluster)
         assert state["service"] == "green" and state["candidate"] == ("c", "blue")
         assert state["rayservices"] == {"pd-llm-green": ("b", "ready"), "pd-llm-blue": ("c", "ready")}
+    finally:
+        cluster.close()
+
+
+# ---- one rule for what an earlier run left, in `pdops release` and the Argo rollout step (issue 22 item 5) ----
+
+def _rollout_step(cluster, monkeypatch, out) -> tuple[int, str]:
+    """`pdops rollout` as the Argo step runs it (render + check overlays/local, settle, apply, wait), on
+    the test cluster: the step's target with the test's fast polling."""
+    from tests.conftest import ROOT
+    from workflows import release_cli
+    from workflows.cli import main
+
+    monkeypatch.setattr(release_cli, "open_target", lambda args: target(cluster))
+    code = main(["rollout", "--target", "kubernetes", "--overlay", str(ROOT / "overlays" / "local"), "--namespace",
+                 LOCAL_NS, "--revision", "r" * 40, "--timeout", "30", "--outputs", str(out)])
+    return code, (out / "verdict").read_text() if (out / "verdict").is_file() else ""
+
+
+def _writes(cluster) -> list[str]:
+    return [f"{r.method} {r.path}" for r in cluster.writes() if "/leases" not in r.path]
+
+
+def test_the_rollout_step_settles_a_half_done_candidate_resumes_its_own_and_calls_a_re_release_unchanged(
+        manifests, tmp_path, monkeypatch):
+    """The same `steps.settle_candidate` `pdops release` calls: another release's candidate left pending
+    is rolled back (the step used to fail: "candidate ... is pending"), its own pending candidate is
+    resumed, and the render that already serves as stable is `unchanged` (exit 0, nothing written)."""
+    cluster = start_cluster(kubeconfig=tmp_path / "kubeconfig")
+    try:
+        release(target(cluster), record(manifests, variant="a"))
+        target(cluster).apply(record(manifests, variant="b"), Lines())   # left pending by a run that died
+        assert _rollout_step(cluster, monkeypatch, tmp_path / "1") == (0, "pending")
+        state = _state(cluster)
+        assert state["history"] == [("a", "promote"), ("b", "rollback")]
+        assert "superseded by" in target(cluster).history()[-1].reasons[0]
+        assert (state["service"], state["candidate"]) == ("blue", ("r", "green"))
+
+        writes = len(_writes(cluster))
+        assert _rollout_step(cluster, monkeypatch, tmp_path / "2") == (0, "pending")   # a retry: resumed
+        assert _writes(cluster)[writes:] == []
+
+        target(cluster).promote(["gate: promote"], None, Lines())
+        writes = len(_writes(cluster))
+        assert _rollout_step(cluster, monkeypatch, tmp_path / "3") == (0, "unchanged")
+        assert _writes(cluster)[writes:] == [] and _state(cluster)["service"] == "green"
+    finally:
+        cluster.close()
+
+
+def test_a_retried_restore_does_not_regress_the_release_it_restored(manifests, tmp_path, monkeypatch):
+    """`rollback --to-previous --report RUN` regresses the release RUN's validation judged (validated.json,
+    written by `pdops validate`): its retry after the restore completed changes nothing."""
+    import json
+
+    from workflows import release_cli
+    from workflows.cli import main
+
+    cluster = start_cluster(kubeconfig=tmp_path / "kubeconfig")
+    try:
+        a, b, c = (record(manifests, variant=v) for v in "abc")
+        for r in (a, b, c):
+            release(target(cluster), r)
+        run = tmp_path / "run"
+        run.mkdir()
+        (run / "validated.json").write_text(json.dumps({"slot": "stable", "release": c.short()}))
+        monkeypatch.setattr(release_cli, "open_target", lambda args: target(cluster))
+        argv = ["rollback", "--target", "kubernetes", "--namespace", LOCAL_NS, "--to-previous", "--report", str(run),
+                "--reason", "pd-canary: stable release regressed"]
+        assert main(argv) == 0
+        assert main(argv) == 0   # the retry
+        state = _state(cluster)
+        assert state["history"] == [("a", "promote"), ("b", "promote"), ("c", "regressed"), ("b", "promote")]
+        assert state["stable"] == ("b", "green", "ready") and state["service"] == "green"
+        assert set(state["rayservices"]) == {"pd-llm-green"}
     finally:
         cluster.close()

@@ -61,7 +61,7 @@ class RecordingTarget:
         self.stable, self.candidate = self.candidate, None
         return self.stable
 
-    def rollback(self, reasons, report, progress, *, to_previous=False):
+    def rollback(self, reasons, report, progress, *, to_previous=False, regressed=None):
         self.calls.append("rollback")
         self.candidate = None
         return "dropped candidate"
@@ -190,6 +190,26 @@ def test_candidate_that_never_serves_is_rolled_back(server, overlay, tmp_path):
     out, _ = run(overlay, target, tmp_path)
     assert out.verdict == "failed" and "not RUNNING" in out.reasons[0]
     assert target.calls == ["apply", "wait_ready", "rollback"]
+
+
+def test_release_settles_what_an_earlier_run_left_by_the_rollout_steps_rule(server, overlay, tmp_path, monkeypatch):
+    """steps.settle_candidate, shared with the Argo rollout step (tests/unit/test_kube_idempotent.py runs
+    that path on the test cluster): another release's pending candidate is rolled back before the
+    rollout; the render that already serves as stable is unchanged, with nothing applied."""
+    from workflows.targets.base import ReleaseRecord
+
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)   # as in the promote test above
+    target = RecordingTarget(endpoint(server), ready_error=TargetError("stop after the rollout"))
+    target.candidate = ReleaseRecord.of("kind: X\n", name="pd-llm", model="pdops-tiny", revision="b" * 40)
+    out, _ = run(overlay, target, tmp_path / "1")   # run folders are named by the second: one root each
+    assert target.calls[:3] == ["rollback", "apply", "wait_ready"], target.calls
+
+    target = RecordingTarget(endpoint(server))
+    first, _ = run(overlay, target, tmp_path / "2")
+    assert first.verdict == "promote", first.reasons
+    target.calls.clear()
+    again, _ = run(overlay, target, tmp_path / "3")
+    assert (again.verdict, target.calls) == ("unchanged", [])
 
 
 def test_interrupted_validation_still_rolls_back(server, overlay, tmp_path, monkeypatch):
