@@ -18,7 +18,8 @@ CHUNK_LEVEL_TOKENS = 1.5
 
 
 def percentile(sorted_vals: list[float], p: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
+    """The p-th percentile, p in [0, 100], by linear interpolation between closest ranks (numpy's
+    default; validation/stats.py quantile takes q in [0, 1])."""
     if not sorted_vals:
         return float("nan")
     k = (len(sorted_vals) - 1) * p / 100.0

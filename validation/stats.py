@@ -45,8 +45,9 @@ def z_of(confidence: float) -> float:
     return _N.inv_cdf(confidence)
 
 
-def percentile(sorted_vals: Floats, q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default; validation.metrics uses it)."""
+def quantile(sorted_vals: Floats, q: float) -> float:
+    """The q-quantile, q in [0, 1], by linear interpolation between closest ranks (numpy's default;
+    validation/metrics.py percentile takes p in [0, 100] for the report's p50/p90/p99)."""
     k = (len(sorted_vals) - 1) * q
     f = math.floor(k)
     c = min(f + 1, len(sorted_vals) - 1)
@@ -99,7 +100,7 @@ def quantile_ci(samples: Sequence[float], q: float, confidence: float,
     n = len(v)
     if n == 0:
         raise ValueError("no samples")
-    est = percentile(v, q)
+    est = quantile(v, q)
     if cluster_sizes is None or len(cluster_sizes) == n:
         lo, up = quantile_ranks(n, round(q, 9), round(confidence, 12))
         return Interval(est, float(v[lo - 1]) if lo >= 1 else -math.inf, float(v[up - 1]) if up <= n else math.inf,
@@ -200,7 +201,7 @@ def paired_quantile_ratio(cand_blocks: Sequence[Floats], base_blocks: Sequence[F
         raise ValueError(f"q {q} and alpha {alpha} must be in (0, 1)")
     if len(cand_blocks) != len(base_blocks):
         raise ValueError(f"{len(cand_blocks)} candidate blocks for {len(base_blocks)} baseline blocks: pair them first")
-    qs = lambda v: percentile(np.sort(np.asarray(v, dtype=float)), q)  # noqa: E731
+    qs = lambda v: quantile(np.sort(np.asarray(v, dtype=float)), q)  # noqa: E731
     pairs = zip(cand_blocks, base_blocks, strict=True)
     d = np.asarray([math.log(qs(c) / qs(b)) for c, b in pairs if len(c) and len(b)],
                    dtype=float)
@@ -259,7 +260,7 @@ def quantile_ci_blocks(samples: Floats, blocks: Sequence[int], q: float) -> Bloc
     if len(ids) != len(v):
         raise ValueError(f"{len(ids)} block ids for {len(v)} samples")
     s = np.sort(v)
-    est = percentile(s, q)
+    est = quantile(s, q)
     _, inv = np.unique(ids, return_inverse=True)
     below = np.bincount(inv, weights=(v <= est).astype(float))
     sizes = np.bincount(inv).astype(float)

@@ -10,8 +10,6 @@ from typing import Any
 from validation.reports.cost import Cost, PhaseCost, Rates
 from workflows.errors import InputError
 
-GIB = 2**30
-
 
 def _fmt(v: Any, spec: str = ",.0f") -> str:
     return "-" if v is None else format(v, spec)

@@ -30,7 +30,7 @@ from workflows.spec import DTYPE_BYTES, Architecture, ReleaseSpec
 ARCH_ANNOTATION = "pdops.dev/model-architecture"
 # vLLM's default (vllm/config/cache.py CacheConfig.gpu_memory_utilization, the vLLM in .venv).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
-GIB = 2**30
+GIB = 2**30   # bytes in a GiB: the one definition (checks and `pdops size` import it)
 _ST_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "I32": 4, "I64": 8}
 
 

@@ -151,7 +151,7 @@ class Phase(_Strict):
 INSTANCE_TYPE = r"^[a-z0-9][a-z0-9-]*\.[a-z0-9]+$"
 
 
-class Cost(_Strict):
+class CostSettings(_Strict):
     """Overrides of the pinned price table (workflows/data/prices.yaml), e.g. a negotiated rate."""
 
     region: str | None = Field(None, max_length=32, pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]$")
@@ -180,7 +180,7 @@ class ReleaseSpec(_Strict):
     prewarm: bool = True
     slo: SLO = SLO()
     validation: Validation = Validation()
-    cost: Cost = Cost()
+    cost: CostSettings = CostSettings()
     metrics: Metrics = Metrics()
 
 

@@ -15,11 +15,11 @@ from workflows.checks.findings import Finding
 from workflows.instances import HOSTNAME_LABEL, InstanceType, allowed_values, instance_types_of, pod_spec, table
 from workflows.rendered import EFA, GPU, RenderedRelease, WorkerGroup, serve_path
 from workflows.serve_config import PHASES
+from workflows.sizing import GIB
 
 _UNITS = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 _QUANTITY = re.compile(r"^([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
-GIB = 2**30
 
 
 def quantity(value: Any) -> float:

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from workflows.checks.findings import Finding
-from workflows.checks.instances import GIB, phase_instances, quantity
+from workflows.checks.instances import phase_instances, quantity
 from workflows.manifest import Rendered
 from workflows.rendered import RenderedRelease, serve_path
 from workflows.serve_config import PHASES
-from workflows.sizing import DEFAULT_GPU_MEMORY_UTILIZATION, PhaseSize, architecture_of, load_demand, phase_size
+from workflows.sizing import DEFAULT_GPU_MEMORY_UTILIZATION, GIB, PhaseSize, architecture_of, load_demand, phase_size
 
 
 def size_release(v: RenderedRelease) -> list[PhaseSize]:
