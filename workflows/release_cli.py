@@ -7,6 +7,7 @@ Exit codes: 0 promoted / done / unchanged, 1 rolled back or failed, 2 bad input.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
