@@ -28,50 +28,69 @@ def _g(summary: Quantiles | None, q: str) -> str:
     return _fmt(getattr(summary, q) if summary is not None else None)
 
 
+def _bench_lines(benches: list[BenchReport]) -> list[str]:
+    """The benchmarks table, what was not measured and why, and client vs server latency."""
+    lines = ["## Benchmarks (ms)", "",
+             "| run | ok | err | TTFT p50 | TTFT p90 | TTFT p99 | ITL p90 | ITL p99 | TPOT p90 | TPOT p99 "
+             "| tokens/chunk "
+             "| prompt tokens served/requested | goodput req/s | client |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    notes = []
+    for i, b in enumerate(benches):
+        ch = "BOTTLENECK" if b.client_health.client_bottleneck else "ok"
+        chunk = " (chunk)" if b.itl_level == "chunk" else ""
+        if chunk:
+            notes.append(f"- {bench_label(b, i)}: ITL (chunk) is the gap between streamed chunks, not between "
+                         f"tokens; the gate used {itl_source(b)[1]}.")
+        ratio = b.lengths.prompt_ratio_mean if b.lengths is not None else None
+        lines.append(f"| {bench_label(b, i)} | {_fmt(b.requests_ok)} | {_fmt(b.errors)} | {_g(b.ttft_ms, 'p50')} | "
+                     f"{_g(b.ttft_ms, 'p90')} | {_g(b.ttft_ms, 'p99')} | {_g(b.itl_ms, 'p90')}{chunk} | "
+                     f"{_g(b.itl_ms, 'p99')}{chunk} | {_g(b.tpot_ms, 'p90')} | {_g(b.tpot_ms, 'p99')} | "
+                     f"{_g(b.tokens_per_chunk, 'mean')} | {_fmt(ratio)} | "
+                     f"{_fmt(b.goodput_rps)} | {ch} |")
+    lines += [""] + notes + ([""] if notes else [])
+    why = []
+    for i, b in enumerate(benches):   # the first few per run; the bench JSON's `missing` has them all
+        items = list(b.missing.items())
+        why += [f"- {bench_label(b, i)}: `{path}` is null: {reason}" for path, reason in items[:MISSING_SHOWN]]
+        if len(items) > MISSING_SHOWN:
+            why.append(f"- {bench_label(b, i)}: {len(items) - MISSING_SHOWN} more in its JSON's `missing`")
+    if why:   # docs/reports.md: a missing figure is null with a reason, shown here instead of a 0
+        lines += ["Not measured (– above):", "", *why, ""]
+    sbs = [(bench_label(b, i), r) for i, b in enumerate(benches) for r in side_by_side(b)]
+    if sbs:
+        lines += ["## Client vs server (ms)", "",
+                  "Server figures are the run's histogram deltas (quantiles interpolated inside buckets); "
+                  "client minus server is the client and network overhead.", "",
+                  "| run | phase | client p50 | server p50 | client p90 | server p90 | client p99 | server p99 "
+                  "| server metric |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for lab, r in sbs:
+            lines.append(f"| {lab} | {r['phase']} | " + " | ".join(
+                f"{_fmt(r[f'client_{q}'])} | {_fmt(r[f'server_{q}'])}" for q in ("p50", "p90", "p99"))
+                + f" | {r['metric']} |")
+        lines.append("")
+    return lines
+
+
+def _check_lines(decision: Decision) -> list[str]:
+    """Every check of the gate, with its verdict and message."""
+    lines = ["## Checks", "",
+             "Latency checks with per-request samples state their interval, its confidence and the smallest "
+             "effect the run could detect (validation/verdicts.py); `point` = judged on the point estimate.", "",
+             "| check | run | ok | verdict | message |", "| --- | --- | --- | --- | --- |"]
+    for chk in decision.checks:
+        v = chk.verdict or ("point" if chk.limit is not None and chk.check.endswith(("_ms", "_p90")) else "")
+        lines.append(f"| {chk.check} | {chk.bench or ''} | {'✔' if chk.ok else '✘'} | {v} | "
+                     f"{chk.message.replace('|', '/')} |")
+    return lines
+
+
 def markdown(decision: Decision, compat: CompatReport | None, benches: list[BenchReport]) -> str:
     lines = [f"# Validation: **{decision.verdict.upper()}**", ""]
     lines += ["## Reasons", ""] + [f"- {r}" for r in decision.reasons] + [""]
     if benches:
-        lines += ["## Benchmarks (ms)", "",
-                  "| run | ok | err | TTFT p50 | TTFT p90 | TTFT p99 | ITL p90 | ITL p99 | TPOT p90 | TPOT p99 "
-                  "| tokens/chunk "
-                  "| prompt tokens served/requested | goodput req/s | client |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        notes = []
-        for i, b in enumerate(benches):
-            ch = "BOTTLENECK" if b.client_health.client_bottleneck else "ok"
-            chunk = " (chunk)" if b.itl_level == "chunk" else ""
-            if chunk:
-                notes.append(f"- {bench_label(b, i)}: ITL (chunk) is the gap between streamed chunks, not between "
-                             f"tokens; the gate used {itl_source(b)[1]}.")
-            ratio = b.lengths.prompt_ratio_mean if b.lengths is not None else None
-            lines.append(f"| {bench_label(b, i)} | {_fmt(b.requests_ok)} | {_fmt(b.errors)} | {_g(b.ttft_ms, 'p50')} | "
-                         f"{_g(b.ttft_ms, 'p90')} | {_g(b.ttft_ms, 'p99')} | {_g(b.itl_ms, 'p90')}{chunk} | "
-                         f"{_g(b.itl_ms, 'p99')}{chunk} | {_g(b.tpot_ms, 'p90')} | {_g(b.tpot_ms, 'p99')} | "
-                         f"{_g(b.tokens_per_chunk, 'mean')} | {_fmt(ratio)} | "
-                         f"{_fmt(b.goodput_rps)} | {ch} |")
-        lines += [""] + notes + ([""] if notes else [])
-        why = []
-        for i, b in enumerate(benches):   # the first few per run; the bench JSON's `missing` has them all
-            items = list(b.missing.items())
-            why += [f"- {bench_label(b, i)}: `{path}` is null: {reason}" for path, reason in items[:MISSING_SHOWN]]
-            if len(items) > MISSING_SHOWN:
-                why.append(f"- {bench_label(b, i)}: {len(items) - MISSING_SHOWN} more in its JSON's `missing`")
-        if why:   # docs/reports.md: a missing figure is null with a reason, shown here instead of a 0
-            lines += ["Not measured (– above):", "", *why, ""]
-        sbs = [(bench_label(b, i), r) for i, b in enumerate(benches) for r in side_by_side(b)]
-        if sbs:
-            lines += ["## Client vs server (ms)", "",
-                      "Server figures are the run's histogram deltas (quantiles interpolated inside buckets); "
-                      "client minus server is the client and network overhead.", "",
-                      "| run | phase | client p50 | server p50 | client p90 | server p90 | client p99 | server p99 "
-                      "| server metric |",
-                      "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-            for lab, r in sbs:
-                lines.append(f"| {lab} | {r['phase']} | " + " | ".join(
-                    f"{_fmt(r[f'client_{q}'])} | {_fmt(r[f'server_{q}'])}" for q in ("p50", "p90", "p99"))
-                    + f" | {r['metric']} |")
-            lines.append("")
+        lines += _bench_lines(benches)
     from validation.cost import markdown_lines  # $ per run, when the runs were priced
     lines += markdown_lines([(bench_label(b, i), b) for i, b in enumerate(benches)])
     from validation.balance import markdown_lines as balance_lines  # which phase queued, per run
@@ -84,14 +103,7 @@ def markdown(decision: Decision, compat: CompatReport | None, benches: list[Benc
             lines.append(f"| {c.name} | {c.status} | {'yes' if c.required else 'no'} | "
                          f"{c.detail.replace('|', '/')[:120]} |")
         lines.append("")
-    lines += ["## Checks", "",
-              "Latency checks with per-request samples state their interval, its confidence and the smallest "
-              "effect the run could detect (validation/verdicts.py); `point` = judged on the point estimate.", "",
-              "| check | run | ok | verdict | message |", "| --- | --- | --- | --- | --- |"]
-    for chk in decision.checks:
-        v = chk.verdict or ("point" if chk.limit is not None and chk.check.endswith(("_ms", "_p90")) else "")
-        lines.append(f"| {chk.check} | {chk.bench or ''} | {'✔' if chk.ok else '✘'} | {v} | "
-                     f"{chk.message.replace('|', '/')} |")
+    lines += _check_lines(decision)
     return "\n".join(lines) + "\n"
 
 

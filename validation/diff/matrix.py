@@ -42,13 +42,20 @@ def _both(name: str, covers: list[str], **params) -> list[Case]:
     return [_case("chat", name, covers, **params), _case("completions", name, covers, **params)]
 
 
-def cases() -> list[Case]:
-    chat = lambda *a, **k: [_case("chat", *a, **k)]  # noqa: E731
-    cmpl = lambda *a, **k: [_case("completions", *a, **k)]  # noqa: E731
+def _chat(name: str, covers: list[str], **params) -> list[Case]:
+    return [_case("chat", name, covers, **params)]
+
+
+def _cmpl(name: str, covers: list[str], **params) -> list[Case]:
+    return [_case("completions", name, covers, **params)]
+
+
+def _sampling() -> list[Case]:
+    """Sampling, penalties and logit shaping, and every way a request stops."""
     out: list[Case] = []
     # -- the basics, streamed and not
     out += _both("greedy", ["max_tokens", "temperature", "return_token_ids", "stream", "stream_options"])
-    out += chat("max_completion_tokens", ["max_completion_tokens"], max_tokens=None, max_completion_tokens=6)
+    out += _chat("max_completion_tokens", ["max_completion_tokens"], max_tokens=None, max_completion_tokens=6)
     out += _both("seed_sampling", ["seed", "top_p"], temperature=0.9, top_p=0.9, seed=1234)
     out += _both("n2_seed", ["n"], n=2, temperature=0.8, seed=7)
     out += _both("n2_greedy_rejected", ["n"], n=2)  # vLLM: n>1 needs temperature>0 (a 400)
@@ -71,16 +78,22 @@ def cases() -> list[Case]:
     out += _both("ignore_eos", ["ignore_eos"], ignore_eos=True, max_tokens=12)
     out += _both("max_tokens_omitted", [], max_tokens=None, stop_token_ids=STOP_IDS)
     # A prompt over several KV blocks (vLLM CPU: 128 tokens a block): P/D moves each block.
-    out += cmpl("long_prompt", [], prompt=" ".join([PROMPT] * 50))
-    out += chat("long_prompt", [], messages=[{"role": "user", "content": " ".join([PROMPT] * 50)}])
+    out += _cmpl("long_prompt", [], prompt=" ".join([PROMPT] * 50))
+    out += _chat("long_prompt", [], messages=[{"role": "user", "content": " ".join([PROMPT] * 50)}])
+    return out
+
+
+def _outputs() -> list[Case]:
+    """What comes back besides the tokens: logprobs, structured outputs, beam search."""
+    out: list[Case] = []
     # -- logprobs
-    out += chat("logprobs", ["logprobs", "top_logprobs"], logprobs=True, top_logprobs=3)
-    out += cmpl("logprobs", ["logprobs"], logprobs=3)
-    out += chat("logprobs_as_token_ids", ["return_tokens_as_token_ids"], logprobs=True, top_logprobs=2,
+    out += _chat("logprobs", ["logprobs", "top_logprobs"], logprobs=True, top_logprobs=3)
+    out += _cmpl("logprobs", ["logprobs"], logprobs=3)
+    out += _chat("logprobs_as_token_ids", ["return_tokens_as_token_ids"], logprobs=True, top_logprobs=2,
                 return_tokens_as_token_ids=True)
-    out += cmpl("logprobs_as_token_ids", ["return_tokens_as_token_ids"], logprobs=2, return_tokens_as_token_ids=True)
-    out += chat("logprob_token_ids", ["logprob_token_ids"], logprobs=True, logprob_token_ids=[300, 500])
-    out += cmpl("logprob_token_ids", ["logprob_token_ids"], logprobs=1, logprob_token_ids=[300, 500])
+    out += _cmpl("logprobs_as_token_ids", ["return_tokens_as_token_ids"], logprobs=2, return_tokens_as_token_ids=True)
+    out += _chat("logprob_token_ids", ["logprob_token_ids"], logprobs=True, logprob_token_ids=[300, 500])
+    out += _cmpl("logprob_token_ids", ["logprob_token_ids"], logprobs=1, logprob_token_ids=[300, 500])
     out += _both("prompt_logprobs", ["prompt_logprobs"], prompt_logprobs=2)
     # -- structured outputs
     out += _both("json_object", ["response_format"], response_format={"type": "json_object"}, max_tokens=16)
@@ -91,6 +104,12 @@ def cases() -> list[Case]:
     # -- beam search
     out += _both("beam_search", ["use_beam_search", "length_penalty"], n=2, use_beam_search=True,
                  length_penalty=0.8, max_tokens=6)
+    return out
+
+
+def _request_fields() -> list[Case]:
+    """Prompt handling and request bookkeeping fields, and bad input both sides must refuse alike."""
+    out: list[Case] = []
     # -- prompt handling
     out += _both("truncate_prompt", ["truncate_prompt_tokens", "truncation_side"], truncate_prompt_tokens=5,
                  truncation_side="left")
@@ -119,52 +138,69 @@ def cases() -> list[Case]:
     out += _both("negative_max_tokens", [], max_tokens=-1)
     out += _both("max_tokens_over_context", [], max_tokens=5000)
     out += _both("bad_temperature", [], temperature=-1)
+    return out
+
+
+def _completions_forms() -> list[Case]:
+    """The completions API's prompt forms (batches, token ids, echo, suffix, best_of)."""
+    out: list[Case] = []
     # -- completions prompt forms
-    out += cmpl("batch_prompts", [], prompt=[PROMPT, "Decode writes one token at a time"])
-    out += cmpl("token_prompt", [], prompt=[1, 300, 301, 500, 1000])
-    out += cmpl("batch_token_prompts", [], prompt=[[1, 300, 301], [1, 500, 1000, 200]])
-    out += cmpl("echo", ["echo"], echo=True)
-    out += cmpl("echo_logprobs", ["echo"], echo=True, logprobs=1)
-    out += cmpl("suffix", ["suffix"], suffix=" after")
-    out += cmpl("best_of", ["best_of"], best_of=2, n=1, temperature=0.7, seed=5)
-    out += cmpl("prompt_embeds_unsupported", ["prompt_embeds"], prompt=None, prompt_embeds="AAAA")
-    out += cmpl("empty_prompt", [], prompt="")
+    out += _cmpl("batch_prompts", [], prompt=[PROMPT, "Decode writes one token at a time"])
+    out += _cmpl("token_prompt", [], prompt=[1, 300, 301, 500, 1000])
+    out += _cmpl("batch_token_prompts", [], prompt=[[1, 300, 301], [1, 500, 1000, 200]])
+    out += _cmpl("echo", ["echo"], echo=True)
+    out += _cmpl("echo_logprobs", ["echo"], echo=True, logprobs=1)
+    out += _cmpl("suffix", ["suffix"], suffix=" after")
+    out += _cmpl("best_of", ["best_of"], best_of=2, n=1, temperature=0.7, seed=5)
+    out += _cmpl("prompt_embeds_unsupported", ["prompt_embeds"], prompt=None, prompt_embeds="AAAA")
+    out += _cmpl("empty_prompt", [], prompt="")
+    return out
+
+
+def _chat_forms() -> list[Case]:
+    """The chat API's message and template forms, tools, and fields vLLM does not implement."""
+    out: list[Case] = []
     # -- chat message and template forms
-    out += chat("content_parts", [], messages=[{"role": "user", "content": [
+    out += _chat("content_parts", [], messages=[{"role": "user", "content": [
         {"type": "text", "text": "Tell me about"}, {"type": "text", "text": " prefill."}]}])
-    out += chat("multi_turn_system", [], messages=[{"role": "system", "content": "Be brief."}, *MSG,
+    out += _chat("multi_turn_system", [], messages=[{"role": "system", "content": "Be brief."}, *MSG,
                                                    {"role": "assistant", "content": "KV moves."},
                                                    {"role": "user", "content": "More?", "name": "ops"}])
-    out += chat("continue_final_message", ["continue_final_message", "add_generation_prompt"],
+    out += _chat("continue_final_message", ["continue_final_message", "add_generation_prompt"],
                 messages=[*MSG, {"role": "assistant", "content": "Prefill is"}],
                 continue_final_message=True, add_generation_prompt=False)
-    out += chat("echo", ["echo"], echo=True, messages=[*MSG, {"role": "assistant", "content": "Prefill is"}],
+    out += _chat("echo", ["echo"], echo=True, messages=[*MSG, {"role": "assistant", "content": "Prefill is"}],
                 continue_final_message=True, add_generation_prompt=False)
     # A request's own template is refused unless the server trusts them (vLLM 0.32:
     # --trust-request-chat-template): both must refuse, or both render it alike.
-    out += chat("chat_template", ["chat_template"],
+    out += _chat("chat_template", ["chat_template"],
                 chat_template="{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}")
-    out += chat("chat_template_kwargs", ["chat_template_kwargs", "documents"],
+    out += _chat("chat_template_kwargs", ["chat_template_kwargs", "documents"],
                 chat_template_kwargs={"extra": "Answer:"}, documents=[{"title": "kv", "text": "KV cache"}])
-    out += chat("return_prompt_text", ["return_prompt_text"], return_prompt_text=True)
-    out += chat("reasoning_fields", ["reasoning_effort", "include_reasoning"], reasoning_effort="low",
+    out += _chat("return_prompt_text", ["return_prompt_text"], return_prompt_text=True)
+    out += _chat("reasoning_fields", ["reasoning_effort", "include_reasoning"], reasoning_effort="low",
                 include_reasoning=False)
-    out += chat("tool_named", ["tools", "tool_choice", "parallel_tool_calls"], tools=[TOOL], max_tokens=24,
+    out += _chat("tool_named", ["tools", "tool_choice", "parallel_tool_calls"], tools=[TOOL], max_tokens=24,
                 tool_choice={"type": "function", "function": {"name": "lookup"}}, parallel_tool_calls=False)
-    out += chat("tool_required", ["tools", "tool_choice"], tools=[TOOL], tool_choice="required", max_tokens=24)
-    out += chat("tool_none", ["tools", "tool_choice"], tools=[TOOL], tool_choice="none")
-    out += chat("tool_auto_unconfigured", ["tools", "tool_choice"], tools=[TOOL], tool_choice="auto")
-    out += chat("legacy_functions", ["functions", "function_call"], functions=[TOOL["function"]],
+    out += _chat("tool_required", ["tools", "tool_choice"], tools=[TOOL], tool_choice="required", max_tokens=24)
+    out += _chat("tool_none", ["tools", "tool_choice"], tools=[TOOL], tool_choice="none")
+    out += _chat("tool_auto_unconfigured", ["tools", "tool_choice"], tools=[TOOL], tool_choice="auto")
+    out += _chat("legacy_functions", ["functions", "function_call"], functions=[TOOL["function"]],
                 function_call="none")
     # OpenAI platform fields vLLM does not implement: both sides must treat them alike.
-    out += chat("openai_platform_fields", ["metadata", "store", "service_tier", "safety_identifier",
+    out += _chat("openai_platform_fields", ["metadata", "store", "service_tier", "safety_identifier",
                                            "prompt_cache_key", "prompt_cache_retention", "verbosity",
                                            "modalities", "prediction", "web_search_options"],
                 metadata={"team": "pdops"}, store=False, service_tier="auto", safety_identifier="pdops-diff",
                 prompt_cache_key="pdops-diff", prompt_cache_retention="in_memory", verbosity="low",
                 modalities=["text"], prediction={"type": "content", "content": "Prefill"}, web_search_options={})
-    out += chat("empty_messages", [], messages=[])
+    out += _chat("empty_messages", [], messages=[])
     return out
+
+
+def cases() -> list[Case]:
+    """Every case of the built-in matrix, in a fixed order."""
+    return [*_sampling(), *_outputs(), *_request_fields(), *_completions_forms(), *_chat_forms()]
 
 
 # Fields with no case, and why. Keys: the API; a field both APIs share is listed under each.
