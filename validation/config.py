@@ -38,13 +38,17 @@ class DecodeSLO(_Strict):
 
 
 class VsStable(_Strict):
-    """Candidate at most this factor times stable. With per-request samples of both (validation/stats.py):
-    the Hodges-Lehmann shift ratio of the phase's latencies and its interval; pass when its upper
-    bound is <= factor, fail when its lower bound is > factor. Without samples: the p90 ratio."""
+    """Candidate at most this factor times the baseline (the stable release, same size, same load, same
+    window), per named quantile: `ttft_p90: 1.1` compares the candidate's p90 TTFT with the baseline's,
+    block k against block k (validation/judge.py vs_baseline; a p99 is its own check). Passes when the
+    ratio's upper bound is within the factor, fails when its lower bound is beyond it."""
 
     ttft_p90: Factor | None = None
     tpot_p90: Factor | None = None
     itl_p90: Factor | None = None
+    ttft_p99: Factor | None = None
+    tpot_p99: Factor | None = None
+    itl_p99: Factor | None = None
     # $ per 1,000 requests (validation/cost.py) at most this factor times the stable release's.
     cost: Factor | None = None
     # live: a baseline of the stable release (Target.baseline_server; never the users' slot) measured
@@ -52,7 +56,11 @@ class VsStable(_Strict):
     # (validation/interleave.py), so drift over days and over minutes hits both sides; where none can
     # run, nothing is compared (without_baseline). recorded: the baseline kept at promote (half the load time).
     measure: Literal["live", "recorded"] = "live"
-    blocks: Annotated[int, Field(ge=1, le=32)] = 4
+    # Block pairs per load. The comparison's variance is estimated from the pairs, so with few of them
+    # the interval is wide (t(k-1)); with 5 % block-to-block noise, 32 pairs of 50 requests keep an
+    # unchanged candidate's false-rollback risk within budget (scripts/bench_gate_sim.py, docs/gate.md
+    # "Error rates"; `pdops plan-load` plans it from a pilot). Fewer than 2 pairs: no interval at all.
+    blocks: Annotated[int, Field(ge=1, le=256)] = 32
     # What a load with no baseline run to compare with does (no baseline measured: a first release,
     # no room for one; or one measured at another profile/load). fail: the vs_stable checks of that
     # load fail, so nothing is promoted on a comparison that was never made. absolute_only: they are
@@ -61,23 +69,36 @@ class VsStable(_Strict):
     without_baseline: Literal["fail", "absolute_only"] = "fail"
 
 
+Rate = Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)]
+
+
 class Statistics(_Strict):
-    """How sure the gate must be (validation/stats.py, docs/gate.md#a-gate-that-knows-how-sure-it-is).
+    """The decision's error rates (validation/judge.py; docs/gate.md#error-rates).
 
-    Every latency check is pass (proven within its limit at `confidence`), fail (proven beyond it)
-    or inconclusive. `inconclusive` says what an unproven check does: fail (roll back); extend (run
-    each unproven load again, up to `max_looks` runs in all, then fail; every look is judged at
-    1 - (1 - confidence) / max_looks, Bonferroni over the planned looks, so repeated looks keep both
-    error rates under 1 - confidence); point_estimate (decide by the point estimate as the gate did
-    before intervals: for runs too small to prove anything, e.g. the tiny local model's 16 requests;
-    every such check says so). vs_stable comparisons are also corrected together (Bonferroni over
-    the release's comparisons): an unchanged candidate sits at the same distance from each limit."""
+    `false_rollback`: the rate at which a candidate that is within every limit is rolled back, for the
+    WHOLE decision (all checks of all loads together): split over the planned checks (Bonferroni), each
+    check's share is the level at which it may fail. `missed_regression`: the rate at which a candidate
+    at or beyond a limit is promoted; it is each check's pass level (a release is promoted only when
+    every check passes, so this holds for the decision too) and what `pdops plan-load` plans power for.
+    Every check is pass, fail or inconclusive; `inconclusive` says what an unproven check does: fail
+    (roll back); extend (run each unproven load again, up to `max_looks` runs in all, then fail; both
+    rates are split over the looks); point_estimate (decide by the point estimate: for runs too small
+    to prove anything, e.g. the tiny local model's 16 requests; every such check says so)."""
 
-    confidence: Annotated[float, Field(ge=0.5, le=0.999, allow_inf_nan=False)] = 0.95
+    false_rollback: Rate = 0.05
+    missed_regression: Rate = 0.05
     inconclusive: Literal["fail", "extend", "point_estimate"] = "fail"
     max_looks: Annotated[int, Field(ge=1, le=10)] = 1
-    # for the smallest detectable regression printed with each check, and for `pdops plan-load`
-    power: Annotated[float, Field(ge=0.5, le=0.999, allow_inf_nan=False)] = 0.95
+
+    @property
+    def confidence(self) -> float:
+        """1 - false_rollback (the level of the error-count tests before their budget share; compatibility)."""
+        return 1 - self.false_rollback
+
+    @property
+    def power(self) -> float:
+        """1 - missed_regression (compatibility)."""
+        return 1 - self.missed_regression
 
     @model_validator(mode="after")
     def _looks(self) -> Statistics:
@@ -121,10 +142,10 @@ class LoadProfile(_Strict):
     # the load rises over this many seconds at the start of the run and of each interleaved block
     # instead of starting as a burst (validation/loadgen.py, validation/interleave.py); 0: a burst
     ramp_s: Annotated[float, Field(ge=0, le=3_600, allow_inf_nan=False)] = 1.0
-    # 300: the fewest with which the gate can prove anything by default. A p99 has an upper bound at
-    # 95% only from 299 requests; an unchanged candidate is rolled back by vs_stable 1.1x (TTFT spread
-    # 0.3) in 4.6% of releases at 300, 17% at 200 (scripts/bench_gate.py, docs/measurements.md).
-    requests: Annotated[int, Field(gt=0, le=1_000_000)] | None = 300
+    # 1600 per side, in slo.vs_stable.blocks blocks (32 of 50): what the whole decision's error rates
+    # need with 5 % block-to-block noise and queueing correlation (scripts/bench_gate_sim.py,
+    # docs/gate.md "Error rates"); `pdops plan-load` plans it from a pilot run.
+    requests: Annotated[int, Field(gt=0, le=1_000_000)] | None = 1600
     duration_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] | None = None
     warmup_requests: int = Field(2, ge=0, le=10_000)
     # A trace file, relative to the overlay directory and inside the repository; `requests` caps it.

@@ -3,11 +3,12 @@
 `decide` never raises on missing data: a threshold that cannot be checked (no samples, no server
 scrape when KV transfer is required) fails, because an unproven candidate is not promoted.
 
-Latency checks on reports with per-request samples are judged with their confidence
-(validation/verdicts.py): pass, fail or inconclusive per `slo.statistics`, each stating its interval
-and the smallest effect the run could detect. `Decision.extend` lists the benches whose checks
-were inconclusive when the spec says to extend and looks remain; the caller may re-run them
-and decide again with `look + 1` (validation/sequential.py).
+Latency checks on reports with per-request samples are judged by validation/judge.py: pass, fail or
+inconclusive, each stating its interval (block-level: the run's blocks, or pairs of candidate and
+baseline blocks), what it can detect, and the share of the decision's false-rollback budget it spent
+(`slo.statistics`). `Decision.extend` lists the benches whose checks were inconclusive when the spec
+says to extend and looks remain; the caller may re-run them and decide again with `look + 1`
+(validation/sequential.py).
 
 Inputs and output are the typed reports of validation/reports/ (a Decision); a figure a report does not
 have is null there, and the check that needs it fails and says so (never judged as 0).
@@ -20,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from validation import error_rates, gate_inputs, verdicts
-from validation.config import SLO, LoadProfile, VsStable
+from validation import error_rates, gate_inputs, judge, stats, verdicts
+from validation.config import SLO, LoadProfile, Statistics, VsStable
 from validation.reports.bench import BenchReport, Quantiles
 from validation.reports.compat import CompatReport
 from validation.reports.decision import Check, Decision
@@ -109,6 +110,243 @@ def _q(summary: Quantiles | None, q: str) -> float | None:
     return value
 
 
+def _fin(v: float) -> float | None:
+    return v if math.isfinite(v) else None     # JSON has no Infinity: an absent bound is null
+
+
+class _Checks:
+    """The decision's checks as they are made, and the benches to extend (slo.statistics: extend)."""
+
+    def __init__(self, st: Statistics, look: int) -> None:
+        self.st, self.look = st, look
+        self.items: list[Check] = []
+        self.extend: set[int] = set()
+
+    def add(self, name: str, ok: bool, msg: str, bench: str | None = None, value: Any = None, limit: Any = None,
+            judged: judge.Judged | None = None, idx: int | None = None) -> Check:
+        c = Check(check=name, ok=bool(ok), bench=bench, value=value, limit=limit, message=msg)
+        if judged is not None:
+            c.verdict = judged.verdict  # type: ignore[assignment]
+            c.interval = [_fin(v) for v in judged.interval] if judged.interval is not None else None
+            c.confidence = judged.confidence
+            c.alpha = judged.alpha
+            c.detectable = {k: _fin(float(v)) for k, v in judged.detectable.items()}
+            st = self.st
+            if (judged.verdict == "inconclusive" and st.inconclusive == "extend" and self.look < st.max_looks
+                    and idx is not None):
+                self.extend.add(idx)
+        self.items.append(c)
+        return c
+
+
+def _compat_check(out: _Checks, compat: CompatReport | None) -> None:
+    if compat is None:
+        out.add("compat", False, "no compatibility report")
+    else:
+        req = compat.blocking()
+        out.add("compat", not req, "required compat cases failed: " + ", ".join(req) if req
+                else f"compat: {compat.passed if compat.passed is not None else '?'} passed, no required failures",
+                value=req)
+
+
+def _release_checks(out: _Checks, golden: GoldenReport | None, diff: Any, skipped: dict[str, str] | None,
+                    replaced: list[str] | None) -> None:
+    """Golden tokens, the differential suite, skips and replaced engines."""
+    if golden is not None:
+        bad = [c for c in golden.cases if not c.ok]
+        out.add("golden_tokens", golden.ok,
+                f"golden tokens: {golden.matched}/{golden.prompts} prompts equal the single-engine "
+                f"reference ({golden.tokens_compared} tokens)"
+                + "".join(f"; prompt {c.prompt}: " + (c.problem or f"first differs at token {c.first_difference}")
+                          for c in bad[:3]), value=golden.matched, limit=golden.prompts)
+    if diff is not None:  # pdops diff (validation/diff/): P/D vs single engine, unexpected divergences block
+        from validation.diff.verdict import gate_check
+        out.add("diff", *gate_check(diff))
+    for name, reason in (skipped or {}).items():
+        out.add(name, True, f"{name.replace('_', ' ')} skipped: {reason}").verdict = "skipped"
+    if replaced is not None:
+        out.add("engines_stable", not replaced, "engines replaced during validation: " + "; ".join(replaced)
+                if replaced else "no engine was replaced during validation", value=replaced)
+
+
+def _latency_checks(out: _Checks, b: BenchReport, lab: str, i: int, slo: SLO, bud: judge.Budget) -> None:
+    """The absolute SLO quantiles of one run (judge.absolute, block-level intervals)."""
+    itl, itl_src = itl_source(b)
+    for p in judge.planned_checks(slo):
+        if p.kind != "absolute":
+            continue
+        name, metric, q, limit = p.check, str(p.metric), float(p.q or 0), float(p.limit or 0)
+        qn = f"p{stats.q_name(q)}"
+        v, src = (_q(itl, qn), f" from {itl_src}") if metric == "itl_ms" else (_q(getattr(b, metric), qn), "")
+        if v is None:
+            why = b.missing.get(metric)
+            out.add(name, False, f"{lab}: {metric} {qn} unavailable{src} (limit {limit} ms)"
+                    + (f": {why}" if why else ""), lab, None, limit)
+            continue
+        got = verdicts.quantile_samples(b, metric, itl_src)
+        if isinstance(got, str):
+            out.add(name, v <= limit, f"{lab}: {metric} {qn} {v:.1f} ms{src} {'<=' if v <= limit else '>'} {limit} ms "
+                    f"(point estimate: {got})", lab, v, limit)
+            continue
+        per = "ttft_ms" if metric == "ttft_ms" else "tpot_ms"     # chunk-level ITL is judged on TPOT
+        values = judge.gap_values(b) if got[1] is not None else judge.request_values(b, per)
+        if isinstance(values, str):
+            out.add(name, False, f"{lab}: {metric} {qn} {v:.1f} ms{src} not judged: {values}", lab, v, limit)
+            continue
+        j = judge.absolute(values, q, limit, bud, out.st, out.look)
+        used = " from TPOT samples" if metric == "itl_ms" and b.itl_level == "chunk" else ""
+        out.add(name, j.ok, f"{lab}: {metric} {qn} {v:.1f} ms{src}{used} vs limit {limit} ms, {j.message}",
+                lab, v, limit, j, i)
+
+
+def _client_check(out: _Checks, b: BenchReport, lab: str, slo: SLO) -> None:
+    ch = b.client_health
+    if ch.client_bottleneck and slo.client_health == "ignored":
+        out.add("client_bottleneck", True, f"{lab}: client was starved (not gated: slo.client_health ignored): "
+                + "; ".join(ch.reasons), lab)
+    elif ch.client_bottleneck:
+        out.add("client_bottleneck", False, f"{lab}: measurement void, client was the bottleneck: "
+                + "; ".join(ch.reasons), lab)
+    else:
+        out.add("client_bottleneck", True, f"{lab}: client healthy", lab)
+    ok_n = b.requests_ok
+    out.add("requests_ok", bool(ok_n), f"{lab}: {ok_n if ok_n is not None else 'no count of'} successful requests"
+            + ("" if ok_n is not None else f" ({b.missing.get('requests_ok', 'not in the report')})"), lab, ok_n, 1)
+
+
+def _service_checks(out: _Checks, b: BenchReport, lab: str, slo: SLO, balance_block: bool) -> None:
+    """Goodput, SLO attainment, phase balance."""
+    if slo.min_goodput_rps is not None:
+        g = b.goodput_rps
+        ok = g is not None and g >= slo.min_goodput_rps
+        out.add("goodput_rps", ok, f"{lab}: goodput {g if g is None else round(g, 3)} req/s "
+                f"{'>=' if ok else '<'} {slo.min_goodput_rps}", lab, g, slo.min_goodput_rps)
+    if slo.min_slo_attainment is not None:
+        a = b.slo_attainment
+        ok = a is not None and a >= slo.min_slo_attainment
+        out.add("slo_attainment", ok, f"{lab}: SLO attainment {a if a is None else f'{a:.1%}'} "
+                f"{'>=' if ok else '<'} {slo.min_slo_attainment:.1%}", lab, a, slo.min_slo_attainment)
+    if b.balance:   # phase balance (validation/balance.py): reported; blocks only when asked
+        verdict, why = b.balance.get("verdict"), "; ".join(b.balance.get("reasons") or [])
+        bound = verdict in ("prefill-bound", "decode-bound")
+        out.add("phase_balance", not (bound and balance_block), f"{lab}: {verdict}: {why}" + (
+            "" if not bound or balance_block else " (reported, not gated: validation.balance.block is false)"),
+            lab, None, "balanced" if balance_block else None)
+
+
+def _kv_checks(out: _Checks, b: BenchReport, lab: str) -> None:
+    """slo.kv_transfer: required: prompt tokens arrived by KV transfer, and no NIXL transfer failed."""
+    kv = b.server.kv if b.server is not None else None
+    if kv is None:
+        err = b.server.error if b.server is not None else None
+        out.add("kv_transfer", False, f"{lab}: KV transfer required but no server-side evidence"
+                + (f" ({err})" if err else " (run bench with --metrics-url)"), lab)
+    elif kv.external_kv_prompt_tokens is None:
+        out.add("kv_transfer", False, f"{lab}: KV transfer required but the report has no count of prompt tokens "
+                "that arrived by KV transfer", lab, None, ">0")
+    else:
+        toks = kv.external_kv_prompt_tokens
+        seen = b.server.requests_seen if b.server is not None else None
+        ok_r = b.server.requests_ok if b.server is not None else None
+        partial = (f" (the server's metrics show {seen:.0f} of {ok_r} requests: an engine restarted or its "
+                   "metrics are late)" if seen is not None and ok_r is not None and seen < ok_r else "")
+        out.add("kv_transfer", toks > 0, f"{lab}: {toks:.0f} prompt tokens arrived by KV transfer"
+                + ("" if toks > 0 else partial), lab, toks, ">0")
+        nf = kv.nixl_failed_transfers
+        out.add("nixl_failures", nf == 0, f"{lab}: {nf:.0f} failed NIXL transfers" if nf is not None
+                else f"{lab}: no count of failed NIXL transfers in the report", lab, nf, 0)
+
+
+def _bench_checks(out: _Checks, b: BenchReport, i: int, slo: SLO, bud: judge.Budget, balance_block: bool) -> None:
+    lab = bench_label(b, i)
+    _client_check(out, b, lab, slo)
+    _latency_checks(out, b, lab, i, slo, bud)
+    # exact test on the counts at this check's budget share (validation/error_rates.py); never the summary
+    out.items.append(error_rates.tolerance_check(b, lab, slo.max_error_rate, 1 - bud.alpha, 1 - bud.beta))
+    if slo.max_error_rate > 0:
+        out.items[-1].alpha = bud.alpha
+    _service_checks(out, b, lab, slo, balance_block)
+    if slo.kv_transfer == "required":
+        _kv_checks(out, b, lab)
+
+
+def _vs_point(out: _Checks, b: BenchReport, s: BenchReport, lab: str, name: str, metric: str, q: float,
+              factor: float, why: str) -> None:
+    """vs_stable without per-request samples on one side: no interval, so inconclusive (judge.policy);
+    the ratio of the reports' own quantiles is what `inconclusive: point_estimate` decides on."""
+    qn = f"p{stats.q_name(q)}"
+    if metric == "itl_ms":
+        (cd, csrc), (sd, ssrc) = itl_source(b), itl_source(s)
+        cv, sv = _q(cd, qn), _q(sd, qn)
+        src = f" (candidate from {csrc}, stable from {ssrc})"
+    else:
+        cv, sv, src = _q(getattr(b, metric), qn), _q(getattr(s, metric), qn), ""
+    if cv is None or not sv:
+        out.add(f"vs_stable_{name}", False, f"{lab}: {name} cannot be compared (candidate {cv}, stable {sv}){src}", lab)
+        return
+    r = cv / sv
+    ok, note = judge.policy("inconclusive", r <= factor, out.st, out.look)
+    c = out.add(f"vs_stable_{name}", ok, f"{lab}: {name} {cv:.1f} ms is {r:.2f}x stable {sv:.1f} ms (limit {factor}x)"
+                f"{src}: no interval ({why}): inconclusive{note}", lab, r, factor)
+    c.verdict = "inconclusive"
+
+
+def _vs_pair(out: _Checks, b: BenchReport, s: BenchReport, i: int, lab: str, slo: SLO, bud: judge.Budget) -> None:
+    """Every vs_stable check of one load against its baseline (judge.vs_baseline), and its errors (Fisher)."""
+    vs = slo.vs_stable
+    assert vs is not None
+    c = error_rates.baseline_check(b, s, lab, 1 - bud.alpha)
+    c.alpha = bud.alpha
+    out.items.append(c)
+    for p in judge.planned_checks(slo):
+        if p.kind != "vs_stable":
+            continue
+        name, metric = p.check.removeprefix("vs_stable_"), str(p.metric)
+        q, factor = float(p.q or 0), float(p.limit or 0)
+        chunk = "chunk" in (b.itl_level, s.itl_level)   # then both sides use TPOT
+        cs, ss = judge.request_values(b, metric, chunk), judge.request_values(s, metric, chunk)
+        if isinstance(cs, str) or isinstance(ss, str):
+            _vs_point(out, b, s, lab, name, metric, q, factor, cs if isinstance(cs, str) else f"stable: {ss}")
+            continue
+        j = judge.vs_baseline(cs, ss, q, factor, bud, out.st, out.look)
+        what = {"ttft_ms": "TTFT", "tpot_ms": "TPOT",
+                "itl_ms": "TPOT (chunk-level ITL)" if chunk else "per-request mean ITL"}[metric]
+        out.add(f"vs_stable_{name}", j.ok, f"{lab}: {name}: {what} {j.message}", lab,
+                j.detectable.get("ratio"), factor, j, i)
+    if vs.cost is not None:   # cost gate: computed in validation/cost.py
+        from validation.cost import vs_stable_cost
+        out.items.append(vs_stable_cost(b, s, vs.cost, lab))
+
+
+def _vs_stable(out: _Checks, benches: list[BenchReport], invalid: list[list[gate_inputs.Problem]],
+               stable: list[BenchReport] | None, baselines: list[BenchReport], slo: SLO,
+               bud: judge.Budget, reason: str | None = None) -> list[str]:
+    """The comparison with the baseline, per load; returns why loads had no baseline (for `scope`)."""
+    vs = slo.vs_stable
+    if vs is None:
+        return []
+    if not stable:
+        why = reason or "no baseline run was given (a first release, or no room for a baseline)"
+        out.items.append(no_baseline(vs, None, why))
+        return [why]
+    unproven: list[str] = []
+    idx = {_key(s): s for s in baselines}
+    for i, b in enumerate(benches):
+        if invalid[i]:
+            continue
+        lab = bench_label(b, i)
+        s = idx.get(_key(b))
+        if s is None:
+            why = (f"no valid baseline run at {load_text(_key(b))} (baseline runs: "
+                   + (", ".join(load_text(_key(x)) for x in baselines) or "none valid") + ")"
+                   + (f"; {reason}" if reason else ""))
+            out.items.append(no_baseline(vs, lab, why))
+            unproven.append(f"{lab}: {why}")
+            continue
+        _vs_pair(out, b, s, i, lab, slo, bud)
+    return unproven
+
+
 def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence[BenchReport | dict[str, Any]],
            slo: SLO, stable_in: Sequence[BenchReport | dict[str, Any]] | None = None,
            golden_in: GoldenReport | dict[str, Any] | None = None, replaced: list[str] | None = None,
@@ -125,7 +363,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
     `skipped`: check name -> why it could not run (no reference engine this time): listed, verdict
     `skipped`, not blocking, so a skip is never mistaken for a pass.
     `planned`: the release's loads (validation.load); a missing or unplanned load fails the `loads`
-    check. None only for callers with no release plan (simulations, scripts/bench_gate.py).
+    check, and the false-rollback budget is split over them (judge.budget). None only for callers with
+    no release plan (simulations, scripts/bench_gate_sim.py): then over the runs given.
     `no_baseline_reason`: why no baseline was measured (workflows/paired.py), said by vs_stable's no-baseline check.
     Reports may be given as the JSON dicts their producers wrote; they are read as models. A report the
     gate cannot judge (validation/gate_inputs.py: null counts, NaN samples, ...) fails `report_input`
@@ -133,206 +372,28 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
     compat = CompatReport.coerce(compat_in) if compat_in is not None else None
     benches = [BenchReport.coerce(b) for b in benches_in]
     stable = [BenchReport.coerce(b) for b in stable_in] if stable_in is not None else None
-    golden = GoldenReport.coerce(golden_in) if golden_in is not None else None
-    checks: list[Check] = []
-    st = slo.statistics
-    extend: set[int] = set()
-
-    def add(name: str, ok: bool, msg: str, bench: str | None = None, value: Any = None, limit: Any = None,
-            judged: verdicts.Judged | None = None, idx: int | None = None) -> None:
-        c = Check(check=name, ok=bool(ok), bench=bench, value=value, limit=limit, message=msg)
-        if judged is not None:
-            fin = lambda v: v if isinstance(v, float) and math.isfinite(v) else None  # noqa: E731  (JSON: no Infinity)
-            c.verdict = judged.verdict  # type: ignore[assignment]
-            c.interval = [fin(v) for v in judged.interval] if judged.interval is not None else None
-            c.confidence = judged.confidence
-            c.detectable = {k: fin(float(v)) for k, v in judged.detectable.items()}
-            if (judged.verdict == "inconclusive" and st.inconclusive == "extend" and look < st.max_looks
-                    and idx is not None):
-                extend.add(idx)
-        checks.append(c)
-
-    # -- compatibility ---------------------------------------------------------------------
-    if compat is None:
-        add("compat", False, "no compatibility report")
-    else:
-        req = compat.blocking()
-        add("compat", not req, "required compat cases failed: " + ", ".join(req) if req
-            else f"compat: {compat.passed if compat.passed is not None else '?'} passed, no required failures",
-            value=req)
-
+    out = _Checks(slo.statistics, look)
+    bud = judge.budget(slo, judge.load_count(benches, planned))
+    _compat_check(out, compat)
     if not benches:
-        add("bench", False, "no benchmark reports")
+        out.add("bench", False, "no benchmark reports")
     if planned is not None:
-        checks.append(loads_check(benches, planned))
+        out.items.append(loads_check(benches, planned))
     # each report's input problems, found once: they fail `report_input`, keep the report from judgement,
     # and an invalid baseline is compared with nothing
     invalid = [gate_inputs.problems(b) for b in benches]
     stable_invalid = [gate_inputs.problems(s) for s in stable or []]
     baselines = [s for s, bad in zip(stable or [], stable_invalid, strict=True) if not bad]
-    checks += input_checks([(bench_label(b, i), bad) for i, (b, bad) in enumerate(zip(benches, invalid, strict=True))]
-                           + [(f"baseline {bench_label(s, k)}", bad)
-                              for k, (s, bad) in enumerate(zip(stable or [], stable_invalid, strict=True))])
-
-    if golden is not None:
-        bad = [c for c in golden.cases if not c.ok]
-        add("golden_tokens", golden.ok,
-            f"golden tokens: {golden.matched}/{golden.prompts} prompts equal the single-engine "
-            f"reference ({golden.tokens_compared} tokens)"
-            + "".join(f"; prompt {c.prompt}: " + (c.problem or f"first differs at token {c.first_difference}")
-                      for c in bad[:3]), value=golden.matched, limit=golden.prompts)
-
-    if diff is not None:  # pdops diff (validation/diff/): P/D vs single engine, unexpected divergences block
-        from validation.diff.verdict import gate_check
-        add("diff", *gate_check(diff))
-
-    for name, reason in (skipped or {}).items():
-        add(name, True, f"{name.replace('_', ' ')} skipped: {reason}")
-        checks[-1].verdict = "skipped"
-
-    if replaced is not None:
-        add("engines_stable", not replaced, "engines replaced during validation: " + "; ".join(replaced)
-            if replaced else "no engine was replaced during validation", value=replaced)
-
-    latency_checks = [
-        ("ttft_p90_ms", "ttft_ms", "p90", slo.prefill.ttft_p90_ms),
-        ("ttft_p99_ms", "ttft_ms", "p99", slo.prefill.ttft_p99_ms),
-        ("itl_p90_ms", "itl_ms", "p90", slo.decode.itl_p90_ms),
-        ("itl_p99_ms", "itl_ms", "p99", slo.decode.itl_p99_ms),
-        ("tpot_p90_ms", "tpot_ms", "p90", slo.decode.tpot_p90_ms),
-        ("tpot_p99_ms", "tpot_ms", "p99", slo.decode.tpot_p99_ms),
-    ]
+    labelled = [(bench_label(b, i), bad) for i, (b, bad) in enumerate(zip(benches, invalid, strict=True))]
+    out.items += input_checks(labelled + [(f"baseline {bench_label(s, k)}", bad)
+                                          for k, (s, bad) in enumerate(zip(stable or [], stable_invalid, strict=True))])
+    golden = GoldenReport.coerce(golden_in) if golden_in is not None else None
+    _release_checks(out, golden, diff, skipped, replaced)
     for i, b in enumerate(benches):
-        if invalid[i]:
-            continue   # not judged: its report_input checks say why
-        lab = bench_label(b, i)
-        ch = b.client_health
-        if ch.client_bottleneck and slo.client_health == "ignored":
-            add("client_bottleneck", True, f"{lab}: client was starved (not gated: slo.client_health ignored): "
-                + "; ".join(ch.reasons), lab)
-        elif ch.client_bottleneck:
-            add("client_bottleneck", False, f"{lab}: measurement void, client was the bottleneck: "
-                + "; ".join(ch.reasons), lab)
-        else:
-            add("client_bottleneck", True, f"{lab}: client healthy", lab)
-        ok_n = b.requests_ok
-        add("requests_ok", bool(ok_n), f"{lab}: {ok_n if ok_n is not None else 'no count of'} successful requests"
-            + ("" if ok_n is not None else f" ({b.missing.get('requests_ok', 'not in the report')})"), lab, ok_n, 1)
-        itl, itl_src = itl_source(b)
-        for name, metric, q, limit in latency_checks:
-            if limit is None:
-                continue
-            v, src = (_q(itl, q), f" from {itl_src}") if metric == "itl_ms" else (_q(getattr(b, metric), q), "")
-            if v is None:
-                why = b.missing.get(metric)
-                add(name, False, f"{lab}: {metric} {q} unavailable{src} (limit {limit} ms)"
-                    + (f": {why}" if why else ""), lab, None, limit)
-                continue
-            got = verdicts.quantile_samples(b, metric, itl_src)
-            if isinstance(got, str):
-                add(name, v <= limit, f"{lab}: {metric} {q} {v:.1f} ms{src} {'<=' if v <= limit else '>'} {limit} ms "
-                    f"(point estimate: {got})", lab, v, limit)
-                continue
-            j = verdicts.threshold(got[0], got[1], int(q[1:]) / 100, limit, st, look)
-            used = " from TPOT samples" if metric == "itl_ms" and b.itl_level == "chunk" else ""
-            add(name, j.ok, f"{lab}: {metric} {q} {v:.1f} ms{src}{used} vs limit {limit} ms, {j.message}",
-                lab, v, limit, j, i)
-        # exact test on the counts (validation/error_rates.py); the summary error_rate is never read
-        checks.append(error_rates.tolerance_check(b, lab, slo.max_error_rate, st.confidence, st.power))
-        if slo.min_goodput_rps is not None:
-            g = b.goodput_rps
-            ok = g is not None and g >= slo.min_goodput_rps
-            add("goodput_rps", ok, f"{lab}: goodput {g if g is None else round(g, 3)} req/s "
-                f"{'>=' if ok else '<'} {slo.min_goodput_rps}", lab, g, slo.min_goodput_rps)
-        if slo.min_slo_attainment is not None:
-            a = b.slo_attainment
-            ok = a is not None and a >= slo.min_slo_attainment
-            add("slo_attainment", ok, f"{lab}: SLO attainment {a if a is None else f'{a:.1%}'} "
-                f"{'>=' if ok else '<'} {slo.min_slo_attainment:.1%}", lab, a, slo.min_slo_attainment)
-        if b.balance:   # phase balance (validation/balance.py): reported; blocks only when asked
-            verdict, why = b.balance.get("verdict"), "; ".join(b.balance.get("reasons") or [])
-            bound = verdict in ("prefill-bound", "decode-bound")
-            add("phase_balance", not (bound and balance_block), f"{lab}: {verdict}: {why}" + (
-                "" if not bound or balance_block else " (reported, not gated: validation.balance.block is false)"),
-                lab, None, "balanced" if balance_block else None)
-        if slo.kv_transfer == "required":
-            kv = b.server.kv if b.server is not None else None
-            if kv is None:
-                err = b.server.error if b.server is not None else None
-                add("kv_transfer", False, f"{lab}: KV transfer required but no server-side evidence"
-                    + (f" ({err})" if err else " (run bench with --metrics-url)"), lab)
-            elif kv.external_kv_prompt_tokens is None:
-                add("kv_transfer", False, f"{lab}: KV transfer required but the report has no count of prompt tokens "
-                    "that arrived by KV transfer", lab, None, ">0")
-            else:
-                toks = kv.external_kv_prompt_tokens
-                seen = b.server.requests_seen if b.server is not None else None
-                ok_r = b.server.requests_ok if b.server is not None else None
-                partial = (f" (the server's metrics show {seen:.0f} of {ok_r} requests: an engine restarted or its "
-                           "metrics are late)" if seen is not None and ok_r is not None and seen < ok_r else "")
-                add("kv_transfer", toks > 0, f"{lab}: {toks:.0f} prompt tokens arrived by KV transfer"
-                    + ("" if toks > 0 else partial), lab, toks, ">0")
-                nf = kv.nixl_failed_transfers
-                add("nixl_failures", nf == 0, f"{lab}: {nf:.0f} failed NIXL transfers" if nf is not None
-                    else f"{lab}: no count of failed NIXL transfers in the report", lab, nf, 0)
-
-    # -- vs stable ---------------------------------------------------------------------------
+        if not invalid[i]:   # else not judged: its report_input checks say why
+            _bench_checks(out, b, i, slo, bud, balance_block)
+    unproven = _vs_stable(out, benches, invalid, stable, baselines, slo, bud, no_baseline_reason)
     vs = slo.vs_stable
-    unproven: list[str] = []   # why a load had no baseline (without_baseline: absolute_only)
-    if vs is not None:
-        if not stable:
-            checks.append(no_baseline(vs, None, why := no_baseline_reason or "no baseline run was given (a first "
-                                                       "release, or no room for a baseline)"))
-            unproven.append(why)
-        else:
-            idx = {_key(s): s for s in baselines}
-            comparisons = sum(1 for b in benches if _key(b) in idx for f in (vs.ttft_p90, vs.tpot_p90, vs.itl_p90)
-                              if f is not None)
-            for i, b in enumerate(benches):
-                if invalid[i]:
-                    continue
-                lab = bench_label(b, i)
-                s = idx.get(_key(b))
-                if s is None:
-                    why = (f"no valid baseline run at {load_text(_key(b))} (baseline runs: "
-                           + (", ".join(load_text(_key(x)) for x in baselines) or "none valid") + ")"
-                           + (f"; {no_baseline_reason}" if no_baseline_reason else ""))
-                    checks.append(no_baseline(vs, lab, why))
-                    unproven.append(f"{lab}: {why}")
-                    continue
-                checks.append(error_rates.baseline_check(b, s, lab, st.confidence))
-                for name, metric, factor in (("ttft_p90", "ttft_ms", vs.ttft_p90), ("tpot_p90", "tpot_ms", vs.tpot_p90),
-                                             ("itl_p90", "itl_ms", vs.itl_p90)):
-                    if factor is None:
-                        continue
-                    chunk = "chunk" in (b.itl_level, s.itl_level)   # then both sides use TPOT
-                    cs, ss = verdicts.request_samples(b, metric, chunk), verdicts.request_samples(s, metric, chunk)
-                    if not isinstance(cs, str) and not isinstance(ss, str):
-                        j = verdicts.vs_stable(cs, ss, factor, st, look, comparisons)
-                        what = {"ttft_ms": "TTFT", "tpot_ms": "TPOT",
-                                "itl_ms": "TPOT (chunk-level ITL)" if chunk else "per-request mean ITL"}[metric]
-                        add(f"vs_stable_{name}", j.ok, f"{lab}: {name}: {what} {j.message}", lab,
-                            j.detectable["ratio"], factor, j, i)
-                        continue
-                    why = cs if isinstance(cs, str) else f"stable: {ss}"
-                    if metric == "itl_ms":
-                        (cd, csrc), (sd, ssrc) = itl_source(b), itl_source(s)
-                        cv, sv = _q(cd, "p90"), _q(sd, "p90")
-                        src = f" (candidate from {csrc}, stable from {ssrc})"
-                    else:
-                        cv, sv, src = _q(getattr(b, metric), "p90"), _q(getattr(s, metric), "p90"), ""
-                    if cv is None or not sv:
-                        add(f"vs_stable_{name}", False,
-                            f"{lab}: {name} cannot be compared (candidate {cv}, stable {sv}){src}", lab)
-                        continue
-                    r = cv / sv
-                    add(f"vs_stable_{name}", r <= factor,
-                        f"{lab}: {name} {cv:.1f} ms is {r:.2f}x stable {sv:.1f} ms (limit {factor}x){src} "
-                        f"(point estimate: {why})", lab, r, factor)
-                if vs.cost is not None:   # cost gate: computed in validation/cost.py
-                    from validation.cost import vs_stable_cost
-                    checks.append(vs_stable_cost(b, s, vs.cost, lab))
-
     scope = ("gated on absolute SLOs only: " + "; ".join(unproven)
              if unproven and vs is not None and vs.without_baseline == "absolute_only" else None)
-    return Decision.of(checks, look, extend, scope)
+    return Decision.of(out.items, look, out.extend, scope)

@@ -145,16 +145,20 @@ def test_unmeetable_slo_rolls_back_and_says_why(server, overlay, tmp_path):
 
 
 def test_inconclusive_run_is_extended_until_proven(server, overlay, tmp_path, monkeypatch):
-    """slo.statistics.inconclusive: extend. 20 requests cannot bound a p90 at 97.5% (two planned
-    looks, Bonferroni): the same load runs again and 40 requests prove it."""
+    """slo.statistics.inconclusive: extend: 30 requests cannot bound a p90, 60 prove it.
+
+    30 requests cannot bound a p90 at 97.5% (two planned looks): the same load runs again, 60 prove it.
+    Requests are independent clusters here: this test is about the looks; a run without blocks is
+    otherwise cut into batches (tests/unit/test_judge.py)."""
     monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    monkeypatch.setattr("validation.stats.batches", lambda n: list(range(n)))
     edit(overlay, slo__statistics={"inconclusive": "extend", "max_looks": 2},
          slo__prefill={"ttft_p90_ms": 5000}, slo__decode={}, validation__load=[
-             {"profile": "balanced", "concurrency": 2, "requests": 20, "warmup_requests": 0}])
+             {"profile": "balanced", "concurrency": 2, "requests": 30, "warmup_requests": 0}])
     out, folder = run(overlay, RecordingTarget(endpoint(server)), tmp_path)
     assert out.verdict == "promote", out.reasons
     bench = json.loads((folder / "bench-0-balanced.json").read_text())
-    assert bench["requests_ok"] == 40 and [lk["requests_ok"] for lk in bench["looks"]] == [20, 20]
+    assert bench["requests_ok"] == 60 and [lk["requests_ok"] for lk in bench["looks"]] == [30, 30]
     check = next(c for c in json.loads((folder / "report.json").read_text())["decision"]["checks"]
                  if c["check"] == "ttft_p90_ms")
     assert check["verdict"] == "pass" and check["interval"][1] <= 5000 and check["confidence"] == 0.975

@@ -23,11 +23,15 @@ class Check(ReportModel):
     value: int | float | list[str] | None = None
     limit: int | float | str | None = None  # the threshold ("> 0" style limits as text)
     message: str
-    # latency checks judged with their confidence (validation/verdicts.py); absent on the others
+    # latency checks judged on samples (validation/judge.py): bounds (lower at 1 - alpha, upper at
+    # `confidence` = 1 - missed_regression), what the run can detect; absent on the others
     verdict: Judgement | None = None
     interval: list[float | None] | None = None   # one-sided bounds; null = no bound exists (infinite)
     confidence: float | None = None
     detectable: dict[str, float | None] | None = None
+    # the share of the decision's false-rollback budget (slo.statistics.false_rollback) this check may
+    # fail at (validation/judge.py budget); null on checks that are not a statistical test
+    alpha: float | None = None
 
 
 class Decision(ReportModel):

@@ -1,0 +1,275 @@
+"""The judge: what each latency check concludes from the samples, with the error rates it keeps.
+
+Pure functions of samples (no I/O); validation/gate.py `decide` calls them for every check, and
+`pdops plan-load` (validation/plan.py) and the simulator (scripts/bench_gate_sim.py) use the same
+`planned_checks` and `budget`, so the plan, the gate and the calibration count the same comparisons.
+
+Every check has a limit (a vs_stable factor, an SLO in ms) and three outcomes:
+
+- pass: the upper bound at 1 - beta is within the limit, so a candidate truly at or beyond the limit
+  is promoted at most beta of the time (beta = slo.statistics.missed_regression / looks). The release
+  is promoted only when every check passes, so a regression in any one check is missed at most beta
+  of the time: an intersection-union test, which needs no multiplicity correction on this side.
+- fail: the lower bound at 1 - alpha is beyond the limit (proven). alpha is this check's share of the
+  whole decision's false-rollback budget: slo.statistics.false_rollback split over every planned
+  check of every load and look (Bonferroni), because ANY failing check rolls the release back: the
+  correction belongs on the rollback side (issue 21: the old gate applied it to the pass side, which
+  made unchanged candidates fail more often and bounded nothing).
+- inconclusive: neither; `slo.statistics.inconclusive` decides (fail by default: not promoted).
+  A run with fewer than 2 block pairs has no block-level variance and so no interval: inconclusive.
+
+An unchanged candidate is rolled back by a check when its upper bound lands beyond the limit. How
+often that happens depends on the run's size: each check states it ("false-rollback risk at 1.00x")
+beside its budget share `alpha`, and `pdops plan-load` sizes the runs so that every check's risk is
+within its share, which keeps the whole decision's false-rollback rate within false_rollback.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Literal
+
+import numpy as np
+
+from validation import stats
+from validation.config import SLO, Statistics
+from validation.reports.bench import BenchReport, Samples
+
+Kind = Literal["absolute", "vs_stable", "errors"]
+# (check name, metric, quantile) of the absolute SLO thresholds; their limits are in slo.prefill / slo.decode
+ABSOLUTE = (("ttft_p90_ms", "ttft_ms", 0.9), ("ttft_p99_ms", "ttft_ms", 0.99), ("itl_p90_ms", "itl_ms", 0.9),
+            ("itl_p99_ms", "itl_ms", 0.99), ("tpot_p90_ms", "tpot_ms", 0.9), ("tpot_p99_ms", "tpot_ms", 0.99))
+# slo.vs_stable fields: each compares the named quantile of one metric with the baseline's
+VS = (("ttft_p90", "ttft_ms", 0.9), ("tpot_p90", "tpot_ms", 0.9), ("itl_p90", "itl_ms", 0.9),
+      ("ttft_p99", "ttft_ms", 0.99), ("tpot_p99", "tpot_ms", 0.99), ("itl_p99", "itl_ms", 0.99))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One comparison the gate makes for every load."""
+
+    check: str                 # the Check's name in the decision
+    kind: Kind
+    metric: str | None = None
+    q: float | None = None
+    limit: float | None = None
+
+
+def planned_checks(slo: SLO) -> list[Planned]:
+    """Exactly the comparisons that can roll a load back on a statistical test: absolute SLO quantiles,
+    vs_stable quantile ratios, the error tolerance (when not zero: zero tolerance is no test) and,
+    with vs_stable, the errors against the baseline."""
+    out: list[Planned] = []
+    for name, metric, q in ABSOLUTE:
+        limit = getattr(slo.prefill if metric == "ttft_ms" else slo.decode, name)
+        if limit is not None:
+            out.append(Planned(name, "absolute", metric, q, limit))
+    vs = slo.vs_stable
+    if vs is not None:
+        out += [Planned(f"vs_stable_{name}", "vs_stable", metric, q, getattr(vs, name))
+                for name, metric, q in VS if getattr(vs, name) is not None]
+    if slo.max_error_rate > 0:
+        out.append(Planned("error_rate", "errors", limit=slo.max_error_rate))
+    if vs is not None:
+        out.append(Planned("errors_vs_baseline", "errors"))
+    return out
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The error rates of one decision: `alpha` per check (the false-rollback share), `beta` per look."""
+
+    false_rollback: float
+    missed_regression: float
+    checks: int               # planned checks x loads
+    looks: int
+
+    @property
+    def alpha(self) -> float:
+        return self.false_rollback / (max(1, self.checks) * self.looks)
+
+    @property
+    def beta(self) -> float:
+        return self.missed_regression / self.looks
+
+    def text(self) -> str:
+        return (f"share {self.alpha:.3%} of the decision's {self.false_rollback:.0%} false-rollback budget "
+                f"({self.checks} checks" + (f" x {self.looks} looks" if self.looks > 1 else "") + ")")
+
+
+def budget(slo: SLO, loads: int) -> Budget:
+    """Bonferroni on the rollback side: false_rollback over every planned check of every load and look."""
+    st = slo.statistics
+    looks = st.max_looks if st.inconclusive == "extend" else 1
+    return Budget(st.false_rollback, st.missed_regression, len(planned_checks(slo)) * max(1, loads), looks)
+
+
+@dataclass
+class Judged:
+    verdict: str                      # pass | fail | inconclusive
+    ok: bool                          # what the gate does with it (policy applied)
+    message: str
+    interval: tuple[float, float] | None    # (lower at 1 - alpha, upper at 1 - beta)
+    confidence: float                 # 1 - beta: the pass side's
+    detectable: dict[str, float] = field(default_factory=dict)
+    alpha: float | None = None        # the false-rollback budget share this check spent
+
+
+def policy(verdict: str, point_ok: bool, st: Statistics, look: int) -> tuple[bool, str]:
+    """What the gate does with a verdict (slo.statistics.inconclusive), and the words that say so."""
+    if verdict != "inconclusive":
+        return verdict == "pass", ""
+    if st.inconclusive == "point_estimate":
+        return point_ok, f"; inconclusive, decided by the point estimate ({'within' if point_ok else 'beyond'} " \
+                         "the limit; slo.statistics.inconclusive: point_estimate)"
+    if st.inconclusive == "extend" and look < st.max_looks:
+        return False, f"; look {look} of {st.max_looks}: more requests needed"
+    return False, "; not proven within the limit, so it fails" + (
+        f" (look {look} of {st.max_looks}, the cap)" if st.inconclusive == "extend" else
+        " (slo.statistics.inconclusive: fail)")
+
+
+def _verdict(lower: float, upper: float, limit: float) -> str:
+    return "pass" if upper <= limit else "fail" if lower > limit else "inconclusive"
+
+
+def _f(v: float, unit: str = "") -> str:
+    return f"{v:.3f}{unit}" if math.isfinite(v) and unit == "x" else f"{v:.1f}{unit}" if math.isfinite(v) else (
+        "-inf" if v < 0 else "inf")
+
+
+def _pct(v: float) -> str:
+    return "inf" if not math.isfinite(v) else f"{v:.1%}"
+
+
+# ---- samples with their blocks ------------------------------------------------------------------------
+Blocked = tuple[np.ndarray, np.ndarray | None]     # values, each one's block id (None: the run is one block)
+
+
+def _ids(s: Samples, n: int, what: str) -> np.ndarray | None | str:
+    if s.block is None:
+        return None
+    if len(s.block) != n:
+        return f"samples.block has {len(s.block)} entries for {n} {what}: not aligned, cannot pair blocks"
+    return np.asarray(s.block)
+
+
+def request_values(b: BenchReport, metric: str, chunk: bool = False) -> Blocked | str:
+    """One value per request with its block: TTFT, TPOT, or each request's mean ITL gap (the gaps of
+    one request are not independent draws; `itl_means` when a baseline kept only those). Chunk-level
+    ITL (the server batches its stream) uses TPOT; `chunk`: the other side is chunk-level, so both do."""
+    s = b.samples if b.samples is not None else Samples()
+    key = "tpot" if metric == "tpot_ms" or (metric == "itl_ms" and (chunk or b.itl_level == "chunk")) else metric[:-3]
+    if key == "itl" and s.itl_means:
+        vals, ids = np.asarray(s.itl_means, dtype=float), _ids(s, len(s.itl_means), "itl_means")
+    elif key == "itl":
+        if not s.itl or not s.itl_counts or sum(s.itl_counts) != len(s.itl):
+            return "no per-request ITL samples with counts"
+        counts = np.asarray(s.itl_counts)
+        ids = _ids(s, len(counts), "itl_counts")
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0]
+        vals = np.add.reduceat(np.asarray(s.itl, dtype=float), starts) / counts[counts > 0]
+        if isinstance(ids, np.ndarray):
+            ids = ids[counts > 0]
+    else:
+        got = getattr(s, key)
+        if not got:
+            return f"no per-request {key} samples"
+        vals, ids = np.asarray(got, dtype=float), _ids(s, len(got), key)
+    if isinstance(ids, str):
+        return ids
+    if not len(vals):
+        return "no request with ITL gaps"
+    return vals, ids
+
+
+def gap_values(b: BenchReport) -> Blocked | str:
+    """Every ITL gap with its request's block (absolute ITL thresholds on token-level streams)."""
+    s = b.samples if b.samples is not None else Samples()
+    if not s.itl or not s.itl_counts or sum(s.itl_counts) != len(s.itl):
+        return "ITL gaps without their per-request counts (a report from before itl_counts)"
+    counts = np.asarray(s.itl_counts)
+    ids = _ids(s, len(counts), "itl_counts")
+    if isinstance(ids, str):
+        return ids
+    # a run without blocks: batches of consecutive requests, so a request's gaps stay together
+    req_ids = ids if ids is not None else np.asarray(stats.batches(len(counts)))
+    return np.asarray(s.itl, dtype=float), np.repeat(req_ids, counts)
+
+
+# ---- the checks ---------------------------------------------------------------------------------------
+def absolute(values: Blocked, q: float, limit: float, bud: Budget, st: Statistics, look: int) -> Judged:
+    """An SLO threshold on the q-quantile: Woodruff's interval with blocks as clusters (a run without
+    blocks: consecutive batches, stats.batches)."""
+    vals, ids = values
+    clusters = ids if ids is not None else np.asarray(stats.batches(len(vals)))
+    bq = stats.quantile_ci_blocks(vals, clusters, q)
+    a, b = bud.alpha, bud.beta
+    lo, up = bq.bounds(1 - a, 1 - b)
+    verdict = _verdict(lo, up, limit)
+    ok, note = policy(verdict, bq.estimate <= limit, st, look)
+    # resolution: how far from the estimate the pass (upper) bound sits; a run passes reliably when its
+    # true quantile is below limit / (1 + resolution)
+    res = up / bq.estimate - 1 if bq.estimate > 0 and math.isfinite(up) else math.inf
+    how = (f"{bq.blocks} blocks" if ids is not None else f"{bq.blocks} batches of consecutive requests (no blocks)")
+    one = "block" if ids is not None else f"batch (batches of >= {stats.BATCH_MIN} requests)"
+    need = "" if bq.blocks >= 2 else (f"; {bq.n} samples cannot bound a p{stats.q_name(q)}: one {one}, so no "
+                                      "block-level variance and no interval")
+    if bq.blocks >= 2 and not math.isfinite(up):
+        need = f"; {bq.n} samples cannot bound a p{stats.q_name(q)} from above at {1 - b:.1%}: raise the requests"
+    msg = (f"bounds [{_f(lo)} ({1 - a:.2%}), {_f(up)} ({1 - b:.1%})] ms (Woodruff, {how}, n={bq.n}): {verdict}{note}; "
+           f"resolution +{_pct(res)}; {bud.text()}{need}")
+    return Judged(verdict, ok, msg, (lo, up), 1 - b, {"resolution": res, "passes_below": limit / (1 + res)}, a)
+
+
+def _pairs(c: Blocked, s: Blocked) -> tuple[list[np.ndarray], list[np.ndarray], str]:
+    (cv, ci), (sv, si) = c, s
+    if ci is None or si is None:
+        return [cv], [sv], "one block" if ci is None and si is None else (
+            "the candidate's run has no blocks" if ci is None else "the baseline's run has no blocks")
+    common = sorted(set(ci.tolist()) & set(si.tolist()))
+    return [cv[ci == k] for k in common], [sv[si == k] for k in common], f"block ids on both sides: {len(common)}"
+
+
+def false_rollback_risk(log_se: float, pairs: int, factor: float, beta: float) -> float:
+    """P(an unchanged candidate's upper bound lands beyond the factor) at this standard error."""
+    if pairs < 2 or not math.isfinite(log_se) or log_se <= 0:
+        return 1.0 if pairs < 2 or not math.isfinite(log_se) else 0.0
+    return 1 - NormalDist().cdf(math.log(factor) / log_se - stats.small_k_factor(pairs, 1 - beta))
+
+
+def vs_baseline(cand: Blocked, base: Blocked, q: float, factor: float, bud: Budget, st: Statistics,
+                look: int) -> Judged:
+    """The candidate's q-quantile against the baseline's, block k against block k (stats.paired_quantile_ratio)."""
+    cb, bb, how = _pairs(cand, base)
+    a, b = bud.alpha, bud.beta
+    if len(cb) < 2:
+        point = stats.percentile(np.sort(cand[0]), q) / stats.percentile(np.sort(base[0]), q)
+        ok, note = policy("inconclusive", point <= factor, st, look)
+        msg = (f"p{stats.q_name(q)} {point:.3f}x baseline (pooled point estimate); {len(cb)} block pair ({how}): "
+               f"no block-level variance, so no interval: inconclusive{note}; raise slo.vs_stable.blocks "
+               "(at least 2 interleaved blocks per side)")
+        return Judged("inconclusive", ok, msg, None, 1 - b, {"ratio": point}, a)
+    r = stats.paired_quantile_ratio(cb, bb, q)
+    lo, up = r.bounds(1 - a, 1 - b)
+    verdict = _verdict(lo, up, factor)
+    ok, note = policy(verdict, r.estimate <= factor, st, look)
+    width = stats.small_k_factor(r.pairs, 1 - a) + stats.small_k_factor(r.pairs, 1 - b)
+    passes_up_to = factor * math.exp(-width * r.log_se)     # passes with 1 - alpha below this true ratio
+    fails_from = factor * math.exp(width * r.log_se)        # proven beyond the limit with 1 - beta from here
+    risk = false_rollback_risk(r.log_se, r.pairs, factor, b)
+    msg = (f"p{stats.q_name(q)} {r.estimate:.3f}x baseline, bounds [{_f(lo, 'x')} ({1 - a:.2%}), {_f(up, 'x')} "
+           f"({1 - b:.1%})] ({r.method}) vs limit {factor}x: {verdict}{note}; a candidate at or beyond "
+           f"{factor}x is promoted at most {b:.0%} of the time; passes reliably up to {passes_up_to:.3f}x, "
+           f"fails (proven) from {fails_from:.3f}x; false-rollback risk at 1.00x {_pct(risk)} vs its "
+           f"{bud.text()}" + ("" if risk <= a else ": over its share, raise slo.vs_stable.blocks or the requests"))
+    return Judged(verdict, ok, msg, (lo, up), 1 - b,
+                  {"ratio": r.estimate, "log_se": r.log_se, "pairs": float(r.pairs), "passes_up_to": passes_up_to,
+                   "fails_from": fails_from, "false_rollback_risk": risk}, a)
+
+
+def load_count(benches: Sequence[object], planned: Sequence[object] | None) -> int:
+    """How many loads the budget is split over: the release's plan, else the runs given."""
+    return len(planned) if planned is not None else max(1, len(benches))
