@@ -246,7 +246,7 @@ def vs_baseline(cand: Blocked, base: Blocked, q: float, factor: float, bud: Budg
     cb, bb, how = _pairs(cand, base)
     a, b = bud.alpha, bud.beta
     if len(cb) < 2:
-        point = stats.percentile(np.sort(cand[0]), q) / stats.percentile(np.sort(base[0]), q)
+        point = stats.quantile(np.sort(cand[0]), q) / stats.quantile(np.sort(base[0]), q)
         ok, note = policy("inconclusive", point <= factor, st, look)
         msg = (f"p{stats.q_name(q)} {point:.3f}x baseline (pooled point estimate); {len(cb)} block pair ({how}): "
                f"no block-level variance, so no interval: inconclusive{note}; raise slo.vs_stable.blocks "
