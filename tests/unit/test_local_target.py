@@ -291,3 +291,18 @@ def test_the_baseline_is_the_stable_slots_engines_checked_for_foreign_requests(t
     with target.baseline_server(stable, say) as down:
         assert isinstance(down, Skipped) and "is not serving" in down.reason
 
+
+
+def test_the_local_rays_metrics_lag_follows_the_export_interval_it_was_started_with(tmp_path):
+    """Ray exports metrics every metrics_report_interval_ms (RAY_<name> in every Ray process; floor
+    1 s). A Ray that pdops started records the interval; one started by an older pdops has none and
+    is taken at Ray's 10 s default, so no window opens before its figures are exported."""
+    from workflows.targets.local_stack import ENGINE_ENV, METRICS_INTERVAL_MS, LocalRay
+
+    ray = LocalRay(tmp_path, Ports.from_base(18000))
+    assert ray.metrics_lag_s() == 10.0
+    assert ENGINE_ENV["RAY_metrics_report_interval_ms"] == str(METRICS_INTERVAL_MS)
+    ray.interval_file.write_text(str(METRICS_INTERVAL_MS))
+    assert ray.metrics_lag_s() == METRICS_INTERVAL_MS / 1000 * 1.25
+    ray.interval_file.write_text("500")
+    assert ray.metrics_lag_s() == 1.25    # Ray's floor: never faster than 1 s
