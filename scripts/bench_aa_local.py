@@ -15,6 +15,10 @@ latency from the tiny CPU model is a report.
     flock /work/wt/realstack.lock env PDOPS_HOME=/tmp/aa PDOPS_LOCAL_PORT=8300 \\
         .venv/bin/python scripts/bench_aa_local.py --repeats 10 --release-first --json aa.json
 
+`--rejudge RUN...` decides again, with the gate as it is now, from the reports a run wrote (compat,
+benches, the baseline's benches): the gate is a pure function of them, so a changed judge is
+calibrated on the same real measurements without running the stack again.
+
 What it does not capture: the spread between deployments (the candidate engines are started once;
 `--redeploy` starts them afresh for every repeat, about 3 minutes more each).
 """
@@ -56,6 +60,36 @@ def one(target: LocalTarget, spec: Any, rendered: Any, digest: str, runs: Path, 
             "void": [v.model_dump() for i in inter for v in i.void]}
 
 
+def backfill(bench: dict[str, Any]) -> dict[str, Any]:
+    """samples.tpot_block for a report written before it existed: every request of a block has that
+    block's label, and each kept block's summary (interleaved.per_block, in merge order) counts its TPOTs."""
+    s, per_block = bench.get("samples") or {}, (bench.get("interleaved") or {}).get("per_block")
+    if s.get("tpot") is not None and s.get("tpot_block") is None and per_block:
+        labels = [b["block"] for b in per_block for _ in range((b.get("tpot_ms") or {}).get("count") or 0)]
+        if len(labels) == len(s["tpot"]):
+            s["tpot_block"] = labels
+    return bench
+
+
+def rejudge(spec: Any, run: Path, k: int) -> dict[str, Any]:
+    """The gate's decision on a repeat's saved reports (golden tokens and the diff skipped, as in the run)."""
+    from validation import gate
+
+    def read(path: Path) -> Any:
+        return json.loads(path.read_text())
+
+    loads = range(len(spec.validation.load))
+    benches = [backfill(read(next(run.glob(f"bench-{i}-*.json")))) for i in loads]
+    stable = [backfill(read(p)) for i in loads for p in run.glob(f"stable-bench-{i}-*.json")]
+    skipped = {"golden_tokens": "validation.reference is none", "diff": "validation.reference is none"}
+    d = gate.decide(read(run / "compat.json"), benches, spec.slo, stable, skipped=skipped,
+                    planned=spec.validation.load)
+    inter = [b.get("interleaved") or {} for b in stable]
+    return {"repeat": k, "verdict": d.verdict, "seconds": 0.0, "failed": [c.check for c in d.checks if not c.ok],
+            "vs_stable": vs_rows(d), "run": str(run), "seeds": [i.get("seed") for i in inter],
+            "orders": [i.get("order") for i in inter], "void": [v for i in inter for v in i.get("void") or []]}
+
+
 def show(row: dict[str, Any]) -> None:
     print(f"repeat {row['repeat']}: {row['verdict']} ({row['seconds']} s) order {','.join(row['orders'])} "
           f"seed {row['seeds']}" + (f" FAILED {row['failed']}" if row["failed"] else "")
@@ -76,6 +110,7 @@ def main() -> int:
                     help="release the overlay first when it is not the stable release")
     ap.add_argument("--redeploy", action="store_true", help="start the candidate's engines afresh every repeat")
     ap.add_argument("--json", help="write every repeat's figures here")
+    ap.add_argument("--rejudge", nargs="+", metavar="RUN", help="decide again from these runs' reports; no stack")
     args = ap.parse_args()
     target, runs = LocalTarget(), Path(args.runs)
     rendered = steps.load_release(args.overlay, None)
@@ -83,6 +118,11 @@ def main() -> int:
     assert spec is not None
     spec = spec.model_copy(update={"validation": spec.validation.model_copy(update={"diff": False,
                                                                                   "reference": "none"})})
+    if args.rejudge:
+        rows = [rejudge(spec, Path(run), k) for k, run in enumerate(args.rejudge, 1)]
+        for row in rows:
+            show(row)
+        return summary(rows, args.json)
     record = steps.record_of(rendered, steps.revision_of(Path(args.overlay)))
     stable = target.status().stable
     if stable.release is None or stable.release.digest != record.digest or stable.state != "ready":
@@ -105,10 +145,14 @@ def main() -> int:
             print(f"stopped: {exc}", flush=True)
         finally:
             target.rollback(["A/A finished: the candidate was the stable render"], None, say)
+    return summary(rows, args.json)
+
+
+def summary(rows: list[dict[str, Any]], out: str | None) -> int:
     false = [r["repeat"] for r in rows if r["verdict"] != "promote"]
     print(f"false rollbacks: {len(false)} of {len(rows)}" + (f" (repeats {false})" if false else ""), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if out:
+        Path(out).write_text(json.dumps(rows, indent=1))
     return 0
 
 

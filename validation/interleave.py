@@ -121,12 +121,13 @@ def effective_blocks(requests: int | None, blocks: int, trace: bool) -> int:
 
 def labelled(bench: BenchReport, block: int) -> BenchReport:
     """The bench with every successful request and every outcome labelled with `block`
-    (Samples.block aligned with ttft/itl_counts, Samples.outcome_block with outcomes)."""
+    (Samples.block aligned with ttft/itl_counts, tpot_block with tpot, outcome_block with outcomes)."""
     s = bench.samples
     if s is None:
         return bench
     ok = len(s.itl_counts) if s.itl_counts is not None else len(s.ttft or [])
     s.block = [block] * ok
+    s.tpot_block = [block] * len(s.tpot) if s.tpot is not None else None   # tpot may hold fewer (reports/bench.py)
     s.outcome_block = [block] * len(s.outcomes) if s.outcomes is not None else None
     return bench
 

@@ -177,7 +177,8 @@ def request_values(b: BenchReport, metric: str, chunk: bool = False) -> Blocked 
         got = getattr(s, key)
         if not got:
             return f"no per-request {key} samples"
-        vals, ids = np.asarray(got, dtype=float), _ids(s, len(got), key)
+        own = s.tpot_block if key == "tpot" and s.tpot_block is not None and len(s.tpot_block) == len(got) else None
+        vals, ids = np.asarray(got, dtype=float), (np.asarray(own) if own is not None else _ids(s, len(got), key))
     if isinstance(ids, str):
         return ids
     if not len(vals):

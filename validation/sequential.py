@@ -46,6 +46,7 @@ def merge_bench(a: BenchReport, b: BenchReport) -> BenchReport:
                       # block ids (the gate's pairs, validation/judge.py) only when both runs have them
                       block=_both(sa.block, sb.block),
                       outcome_block=_both(sa.outcome_block, sb.outcome_block),
+                      tpot_block=_both(sa.tpot_block, sb.tpot_block),
                       itl_means=_both(sa.itl_means, sb.itl_means))
     out = b.model_copy(deep=True)
     out.samples = samples

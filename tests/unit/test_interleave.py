@@ -89,6 +89,22 @@ def test_every_block_is_warmed_up_and_labelled():
     assert {(c[1], c[3]) for c in calls if c[0] == "candidate"} == {(c[1], c[3]) for c in calls if c[0] == "stable"}
 
 
+def test_tpot_has_its_own_block_labels_when_a_request_has_no_tpot():
+    """Measured on the real stack: Ray Serve sent 2 of 16 streams in one socket read, so they have no
+    TPOT and `tpot` is shorter than `block`; tpot_block keeps the judge pairing TPOT by block."""
+    from validation.judge import request_values
+
+    def run(side, n, dur, warmup, k):
+        return {"requests_total": n, "requests_ok": n, "errors": 0, "wall_s": 1.0,
+                "samples": {"ttft": [100.0] * n, "tpot": [5.0 + k] * (n - 1), "itl": [], "itl_counts": [0] * n,
+                            "outcomes": [1] * n}}
+    cand, _ = interleave.measure(run, 16, None, 0, 4, seed=1)
+    s = cand.samples
+    assert len(s.block) == 16 and s.tpot_block == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+    vals, ids = request_values(cand, "tpot_ms")
+    assert list(ids) == s.tpot_block and list(vals) == [5.0] * 3 + [6.0] * 3 + [7.0] * 3 + [8.0] * 3
+
+
 def test_a_void_block_drops_its_whole_pair_and_says_why():
     calls: list[tuple] = []
     run = drifting_runner(calls, {("stable", 1): "3 requests on the baseline were not ours"})

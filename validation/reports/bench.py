@@ -140,6 +140,9 @@ class Samples(ReportModel):
     # each successful request's block (interleaved runs), aligned with ttft/tpot/itl_counts/itl_means:
     # the gate pairs candidate block k with baseline block k (validation/judge.py); None = one block
     block: list[int] | None = None
+    # tpot has no entry for a request whose TPOT was not measured (one token, or a stream the server
+    # sent in one read): tpot's own block labels, aligned with tpot (validation/interleave.py labelled)
+    tpot_block: list[int] | None = None
 
 
 class GoodputSlo(ReportModel):
