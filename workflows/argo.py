@@ -21,6 +21,7 @@ EXIT_TRANSIENT), never a verdict; every step the CLI runs is idempotent, so a re
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from workflows.names import (  # noqa: F401 (re-exported)
     SERVICE_ACCOUNT,
     WORKFLOW_NAMESPACE,
 )
+from workflows.spec import SPEC_FILE, STEP_MARGIN_S, Timeouts, parse_spec, read_yaml_file
 from workflows.step_outputs import FIGURES
 from workflows.targets.base import EXIT_TRANSIENT
 
@@ -57,13 +59,39 @@ GAUGE_HELP = {"pd_release_ttft_ms": "time to first token (ms) of the first valid
               "pd_release_itl_ms": "inter-token latency (ms) of the first validation load, by phase and quantile",
               "pd_release_kv_prompt_tokens": "prompt tokens that arrived by NIXL KV transfer in the first load"}
 
-# The CLI's own wait inside a step, and the step's deadline (activeDeadlineSeconds) above it, so the
-# CLI times out first and prints its diagnosis (failing pods, Events) before Argo kills the pod.
-ROLLOUT_TIMEOUT = 1500
-DEADLINES = {"check": 600, "rollout": ROLLOUT_TIMEOUT + 300, "validate": 7200, "promote": 900, "rollback": 1200,
-             "skip-to-rollback": 1200, "exit-rollback": 1200, "validate-stable": 1200, "alert": 120}
-WORKFLOW_DEADLINE = 4 * 3600     # check + rollout + validate + promote = 10,500 s at most
-CANARY_DEADLINE = 1500           # every 30 min: one run ends before the next is due
+# Every deadline derives from release.yaml `timeouts` (workflows/spec.py), the widest over the committed
+# overlays: a step's activeDeadlineSeconds is its waits (Timeouts.step_waits) plus STEP_MARGIN_S, so the
+# CLI times out first and prints its diagnosis (failing pods, Events) before Argo kills the pod; the
+# workflow's deadline is the longest chain of step deadlines (Argo cuts each pod's deadline to what is
+# left of the workflow's: workflowpod.go createWorkflowPod). `pdops check` (checks/deadlines.py) refuses
+# a committed workflow that cannot contain an overlay's timeouts.
+CHECK_DEADLINE = 600
+
+
+def pipeline_timeouts(root: Path = Path(__file__).resolve().parents[1]) -> Timeouts:
+    """The widest `timeouts` of the committed overlays (overlays/*/release.yaml): one workflow runs them all."""
+    specs = [parse_spec(read_yaml_file(f), f).timeouts for f in sorted((root / "overlays").glob("*/" + SPEC_FILE))]
+    return Timeouts.widest(specs)
+
+
+def deadlines(timeouts: Timeouts) -> dict[str, int]:
+    """Template name -> activeDeadlineSeconds."""
+    waits = timeouts.step_waits()
+
+    def of(kind: str) -> int:
+        return int(math.ceil(waits[kind] + STEP_MARGIN_S))
+    return {"check": CHECK_DEADLINE, "rollout": of("rollout"), "validate": of("validate"), "promote": of("promote"),
+            "rollback": of("rollback"), "skip-to-rollback": of("rollback"), "exit-rollback": of("rollback"),
+            "validate-stable": of("validate"), "alert": 120}
+
+
+DEADLINES = deadlines(pipeline_timeouts())
+# check -> rollout -> validate -> promote | rollback; skip-to-rollback alone is shorter
+WORKFLOW_DEADLINE = DEADLINES["check"] + DEADLINES["rollout"] + DEADLINES["validate"] + max(
+    DEADLINES["promote"], DEADLINES["rollback"])
+# validate-stable -> rollback | alert. Longer than the 30-min schedule: with concurrencyPolicy Forbid a
+# run that restores the previous release is never cut short; the schedules that fall inside it are skipped.
+CANARY_DEADLINE = DEADLINES["validate-stable"] + max(DEADLINES["rollback"], DEADLINES["alert"])
 RETRY_LIMIT = 3
 RETRY_BACKOFF_S = (30, 2)        # first wait, factor: 30 s, 60 s, 120 s
 # Argo stops retrying once maxDuration has passed since the first try (operator.go
@@ -238,8 +266,7 @@ def build_release(image: str = STEP_IMAGE):
         check = _step("check", ["render", OVERLAY, "-o", f"{OUT}/manifest.yaml", "--outputs", OUT],
                       outputs=_outcome("blocked", "check did not finish: see the check step's log")
                       + [Artifact(name="manifest", path=f"{OUT}/manifest.yaml", optional=True)])
-        rollout = _step("rollout", ["rollout", *target, "--revision", P % "revision", dry,
-                                    "--timeout", str(ROLLOUT_TIMEOUT), "--outputs", OUT],
+        rollout = _step("rollout", ["rollout", *target, "--revision", P % "revision", dry, "--outputs", OUT],
                         outputs=_outcome("failed", "rollout did not finish: see the rollout step's log"))
         validate = _step("validate", ["validate", *target, "--slot", "candidate", "--out", RUN, "--outputs", OUT],
                          cpu="1", memory="2Gi", api_key=True,

@@ -11,11 +11,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # shared with `pdops validate` (workflows/validate_cli.py), named locally as before
 from workflows.cli_common import api_key as _api_key, emit as _emit, progress as _progress
 from workflows.errors import InputError
 from workflows.targets.base import Target, TargetError, TargetStatus
+
+if TYPE_CHECKING:
+    from workflows.spec import Timeouts
 
 RELEASE_HELP = """\
 Runs the whole pipeline on one overlay:
@@ -44,14 +48,33 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def open_target(args: argparse.Namespace) -> Target:
+def timeouts_of(args: argparse.Namespace) -> Timeouts:
+    """The overlay's release.yaml `timeouts` (its defaults for commands without an overlay). An
+    unreadable spec gives the defaults with a warning: a rollback must not depend on the overlay."""
+    from workflows.spec import Timeouts, load_spec
+
+    overlay = getattr(args, "overlay", None)
+    if overlay and (Path(overlay) / "release.yaml").is_file():
+        try:
+            return load_spec(Path(overlay)).timeouts
+        except InputError as exc:
+            print(f"warning: default timeouts, the overlay's spec is unreadable: {exc.render()}", file=sys.stderr)
+    return Timeouts()
+
+
+def open_target(args: argparse.Namespace, step: str | None = None) -> Target:
+    """The target of `args`; on Kubernetes with the overlay's `timeouts`, and for an Argo `step`
+    every wait of this process bounded by that step's share of them (Timeouts.step_waits)."""
     if args.target == "kubernetes":
         from workflows.targets.kubernetes import KubernetesTarget
 
         if not args.namespace:
             raise InputError("--namespace", "", "the kubernetes target needs a namespace", "pass --namespace llm-<env>")
+        t = timeouts_of(args)
         return KubernetesTarget(args.namespace, kubeconfig=args.kubeconfig, context=args.context,
-                                dry_run=args.dry_run)
+                                dry_run=args.dry_run, restore_timeout_s=t.restore_s, drain_grace_s=t.drain_s,
+                                reference_timeout_s=t.reference_s,
+                                budget_s=t.step_waits()[step] if step else None)
     from workflows.targets.local import LocalTarget
 
     return LocalTarget()
@@ -108,8 +131,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                                                                        [f.render() for f in errors]))
         return 1
     record = record_of(rendered, args.revision or revision_of(Path(args.overlay)))
-    target = open_target(args)
+    target = open_target(args, "rollout")
     _refuse_local_dry_run(args)
+    timeout = args.timeout if args.timeout is not None else timeouts_of(args).rollout_s
     try:
         with target.session():
             settled = settle_candidate(target, record, say, dry_run=args.dry_run)
@@ -127,7 +151,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                     ["the API server admitted every object; nothing stored"]))
                 _emit(args, {"dry_run": True, "release": record.short()}, f"dry run: {record.short()} would roll out")
                 return 0
-            endpoint = target.wait_ready(args.timeout, say)
+            endpoint = target.wait_ready(timeout, say)
     except TargetError as exc:
         if not exc.transient:   # a transient error is retried: the next try writes the outcome
             step_outputs.write(args.outputs, "failed", step_outputs.lines(
@@ -166,7 +190,7 @@ def _judged(report: str | None) -> str | None:
 def cmd_promote(args: argparse.Namespace) -> int:
     say = _progress(time.monotonic())
     _refuse_local_dry_run(args)
-    target = open_target(args)
+    target = open_target(args, "promote")
     from workflows.steps import baseline_of
 
     with target.session():
@@ -179,7 +203,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     say = _progress(time.monotonic())
     _refuse_local_dry_run(args)
-    target = open_target(args)
+    target = open_target(args, "rollback")
     with target.session():
         if args.if_candidate_pending and target.status().candidate.release is None:
             _emit(args, {"action": "none"}, "no candidate pending: nothing to roll back")
@@ -270,13 +294,15 @@ def register(sub) -> None:
     target_flags(p, overlay=True)
     p.add_argument("--revision", help="git revision to record (default: HEAD of the overlay's repo, -dirty if edited)")
     p.add_argument("--runs", default="runs", help="where run folders go (default runs/)")
-    p.add_argument("--timeout", type=float, default=1200, help="seconds to wait for the candidate (default 1200)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for the candidate (default: release.yaml timeouts.rollout_s)")
     p.set_defaults(func=cmd_release)
 
     p = sub.add_parser("rollout", help="(step) render+check an overlay, deploy it as the candidate, wait until ready")
     target_flags(p, overlay=True)
     p.add_argument("--revision", help="git revision to record")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the candidate")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for the candidate (default: the overlay's timeouts.rollout_s)")
     outputs_flag(p)
     p.set_defaults(func=cmd_rollout)
 

@@ -167,6 +167,42 @@ class Metrics(_Strict):
     prometheus_url: str | None = Field(None, max_length=500, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 
 
+# The drain's own bound: the stable Service's endpoints follow a selector change within seconds; a
+# colour still reachable after this long is kept, never deleted (targets/kube/traffic.py drain).
+DRAIN_ROUTE_S = 300
+# What a step does besides waiting (process start, render, API calls, diagnosis) within its deadline,
+# so the CLI always times out first and prints why before Argo kills the pod.
+STEP_MARGIN_S = 300
+# The validate step's loads are bounded by their own planned sizes, not by a cluster wait.
+VALIDATION_LOADS_S = 5400
+
+
+class Timeouts(_Strict):
+    """How long the pipeline waits on the cluster, in seconds: the one place these live. The Argo
+    workflow's deadlines are derived from them (workflows/argo.py) and `pdops check` refuses a
+    workflow whose deadlines cannot contain them (workflows/checks/deadlines.py)."""
+
+    rollout_s: PositiveInt = Field(1500, le=86_400)     # rollout: the candidate serves (KubeRay RUNNING)
+    reference_s: PositiveInt = Field(1800, le=86_400)   # the single-engine reference RayService serves
+    restore_s: PositiveInt = Field(3600, le=86_400)     # rollback/restore: the good release serves again
+    drain_s: float = Field(30, ge=0, le=3_600, allow_inf_nan=False)  # grace after the Service moved
+
+    def step_waits(self) -> dict[str, float]:
+        """The longest each kind of step waits on the cluster (the CLI bounds its waits by these)."""
+        drain = min(self.restore_s, DRAIN_ROUTE_S) + self.drain_s
+        return {"render": 0.0, "rollout": float(self.rollout_s),
+                "validate": float(self.reference_s + VALIDATION_LOADS_S),
+                "promote": drain, "rollback": self.restore_s + drain}
+
+    @classmethod
+    def widest(cls, specs: list[Timeouts]) -> Timeouts:
+        """Per field the longest of `specs` (the defaults when there are none): what one workflow
+        serving every environment must contain."""
+        if not specs:
+            return cls()
+        return cls(**{name: max(getattr(t, name) for t in specs) for name in cls.model_fields})
+
+
 class ReleaseSpec(_Strict):
     """A release: which model, how prefill and decode are sized, how KV moves, which SLOs gate it."""
 
@@ -182,6 +218,7 @@ class ReleaseSpec(_Strict):
     validation: Validation = Validation()
     cost: CostSettings = CostSettings()
     metrics: Metrics = Metrics()
+    timeouts: Timeouts = Timeouts()
 
 
 def parse_spec(data: Any, file: str | os.PathLike[str]) -> ReleaseSpec:

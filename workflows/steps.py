@@ -414,7 +414,7 @@ def settle_candidate(target: Target, record: ReleaseRecord, progress: Progress, 
 
 
 def release(overlay: Path, target: Target, run: Path, progress: Progress, *, revision: str | None = None,
-            ready_timeout_s: float = 1200, schema_dir: Path | None = None,
+            ready_timeout_s: float | None = None, schema_dir: Path | None = None,
             api_key: str | None = None) -> ReleaseOutcome:
     """One release end to end. Returns the outcome (also written to RUN/release.json).
 
@@ -471,7 +471,7 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
         progress(f"[3/5 rollout] {record.short()} as the candidate on the {target.kind} target")
         try:
             record = target.apply(record, progress)
-            target.wait_ready(ready_timeout_s, progress)
+            target.wait_ready(ready_timeout_s or spec.timeouts.rollout_s, progress)
             progress("[4/5 validate] the candidate serves")
             result = validate_slot(target, spec, run, progress, digest=record.digest, reference=reference,
                                    api_key=api_key, rendered=rendered)

@@ -188,17 +188,26 @@ def test_retries_only_on_the_transient_exit_code_and_outlast_the_deadline(releas
 
 
 def test_deadlines_outlast_the_cli_timeouts(release, canary):
+    """Derived from the spec timeouts: each step's deadline contains its waits plus the margin, each
+    maxDuration every try, the workflow the longest chain (checks/deadlines.py, Argo v4 semantics)."""
+    from workflows.checks.deadlines import problems
+
     assert release["spec"]["activeDeadlineSeconds"] == argo.WORKFLOW_DEADLINE
     assert canary["spec"]["workflowSpec"]["activeDeadlineSeconds"] == argo.CANARY_DEADLINE
+    timeouts = argo.pipeline_timeouts()
+    assert problems(release, timeouts) == [] and problems(canary, timeouts) == []
+    waits = timeouts.step_waits()
     for spec in (release["spec"], canary["spec"]["workflowSpec"]):
         for tpl in spec["templates"]:
             if "container" in tpl:
                 assert 0 < tpl["activeDeadlineSeconds"] <= spec["activeDeadlineSeconds"], tpl["name"]
-    rollout = templates(release["spec"])["rollout"]
-    args = rollout["container"]["args"]
-    assert float(args[args.index("--timeout") + 1]) + 120 <= rollout["activeDeadlineSeconds"]
-    chain = [templates(release["spec"])[n]["activeDeadlineSeconds"] for n in ("check", "rollout", "validate", "promote")]
+    rollback = templates(canary["spec"]["workflowSpec"])["rollback"]
+    assert rollback["activeDeadlineSeconds"] >= waits["rollback"] == timeouts.restore_s + 300 + timeouts.drain_s
+    chain = [templates(release["spec"])[n]["activeDeadlineSeconds"] for n in ("check", "rollout", "validate", "rollback")]
     assert sum(chain) <= argo.WORKFLOW_DEADLINE
+    # a wider timeout in one overlay widens the workflow
+    wider = timeouts.model_copy(update={"restore_s": timeouts.restore_s + 600})
+    assert argo.deadlines(wider)["rollback"] == argo.DEADLINES["rollback"] + 600
 
 
 def test_exit_handler_rolls_back_pending_candidate(release):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
-from workflows.checks import instances, kv_compat, multinode, sizing, zone
+from workflows.checks import deadlines, instances, kv_compat, multinode, sizing, zone
 from workflows.checks.findings import Finding
 from workflows.manifest import Rendered
 from workflows.rendered import EFA, GPU, RenderedRelease, serve_path
@@ -248,7 +248,7 @@ def replicas_ignored(v: RenderedRelease) -> Iterator[Finding]:
 RULES: list[Rule] = [
     model_mismatch, kv_role, kv_connector, tp_order, max_model_len,
     placement, gpu_fit, efa, ray_version, image_pinned, resources, replicas_ignored,
-    *instances.RULES, *kv_compat.RULES, *multinode.RULES, *sizing.RULES, *zone.RULES,
+    *instances.RULES, *kv_compat.RULES, *multinode.RULES, *sizing.RULES, *zone.RULES, *deadlines.RULES,
 ]
 
 

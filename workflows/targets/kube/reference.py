@@ -35,7 +35,6 @@ from workflows.targets.kube import objects as obj
 from workflows.targets.kube.readiness import event_lines, pod_problems, rayservice_state
 
 ROLE = "reference"
-REFERENCE_TIMEOUT_S = 1800.0   # model load on one decode pod; KubeRay's own initializing default is longer
 
 
 def name_of(record: ReleaseRecord) -> str:

@@ -28,6 +28,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION
+from workflows.spec import DRAIN_ROUTE_S
 from workflows.targets.base import Progress, ReleaseRecord, TargetError, appended, last_good, other_colour
 from workflows.targets.kube import objects as obj, traffic
 from workflows.targets.kube.readiness import rayservice_state
@@ -35,7 +36,6 @@ from workflows.targets.kube.readiness import rayservice_state
 if TYPE_CHECKING:
     from workflows.targets.kube.history import State
 
-DRAIN_TIMEOUT_S = 300.0  # endpoints follow a selector change in seconds; longer means the new colour is not serving
 
 
 class Slots:
@@ -55,6 +55,7 @@ class Slots:
         def _candidate(self, state: State) -> ReleaseRecord: ...
         def _wait(self, record: ReleaseRecord, timeout_s: float, progress: Progress) -> None: ...
         def _wait_gone(self, name: str, progress: Progress, step: str = "rollout") -> None: ...
+        def _bound(self, timeout_s: float) -> float: ...
         def _check_capacity(self, candidate: ReleaseRecord, progress: Progress) -> None: ...
         def remove_references(self, progress: Progress, step: str = "reference") -> list[str]: ...
         def remove_baselines(self, progress: Progress, step: str = "baseline") -> list[str]: ...
@@ -292,8 +293,9 @@ class Slots:
 
     def _retire(self, old: ReleaseRecord, new: ReleaseRecord, progress: Progress, step: str = "promote") -> None:
         """Delete the old colour once the Service routes to the new one only, after a grace period."""
+        route_s = self._bound(min(self.restore_timeout_s, DRAIN_ROUTE_S))
         if not self.dry_run and not traffic.drain(self.kube, obj.service_name(new), new.colour, self.drain_grace_s,
-                                                  min(self.restore_timeout_s, DRAIN_TIMEOUT_S), self.poll_s, progress):
+                                                  route_s, self.poll_s, progress):
             progress(f"[{step}] kept {obj.rs_name(old)}: users may still reach it; the next rollout or "
                      "`pdops rollback` removes it")
             return

@@ -23,6 +23,7 @@ from kubernetes import client, config
 
 from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.names import ROLE_LABEL
+from workflows.spec import Timeouts
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
 from workflows.targets.kube import golden_cache, objects as obj, reference as ref, traffic
 from workflows.targets.kube.api import Kube
@@ -35,7 +36,7 @@ from workflows.targets.kube.slots import Slots
 
 PROGRESS_EVERY_S = 30.0
 RECENT_EVENTS = 10
-DRAIN_GRACE_S = 30.0   # kube-proxy on every node follows an EndpointSlice change within seconds; streams finish
+_DEFAULT = Timeouts()   # release.yaml `timeouts` (workflows/spec.py): the one place the waits are set
 
 
 class KubernetesTarget(Slots, ref.References, Baselines):
@@ -45,13 +46,16 @@ class KubernetesTarget(Slots, ref.References, Baselines):
 
     def __init__(self, namespace: str, *, kubeconfig: str | None = None, context: str | None = None,
                  dry_run: bool = False, api_client: client.ApiClient | None = None, poll_s: float = 5.0,
-                 restore_timeout_s: float = 3600.0, capacity_check: bool = True, lease_s: float = LEASE_S,
-                 drain_grace_s: float = DRAIN_GRACE_S, metrics_lag_s: float = RAY_METRICS_LAG_S,
-                 reference_timeout_s: float = ref.REFERENCE_TIMEOUT_S) -> None:
+                 restore_timeout_s: float = _DEFAULT.restore_s, capacity_check: bool = True, lease_s: float = LEASE_S,
+                 drain_grace_s: float = _DEFAULT.drain_s, metrics_lag_s: float = RAY_METRICS_LAG_S,
+                 reference_timeout_s: float = _DEFAULT.reference_s, budget_s: float | None = None) -> None:
         """`api_client` replaces kubeconfig loading (tests point it at an emulator). `restore_timeout_s`
         bounds the waits rollback itself does and the drain on promote. `capacity_check=False` is for
         node groups that an autoscaler grows on demand. `reference_timeout_s` bounds the wait for the
-        single-engine reference RayService (reference.py)."""
+        single-engine reference RayService (reference.py). `budget_s`: every wait of this process
+        (readiness, a RayService terminating, the drain) ends within it: an Argo step's share of the
+        release's `timeouts` (release_cli.open_target), which its activeDeadlineSeconds contains."""
+        self._ends = None if budget_s is None else time.monotonic() + budget_s
         self.namespace, self.dry_run, self.poll_s = namespace, dry_run, poll_s
         self.restore_timeout_s, self.capacity_check, self.lease_s = restore_timeout_s, capacity_check, lease_s
         self.drain_grace_s, self.metrics_lag_s = drain_grace_s, metrics_lag_s
@@ -183,8 +187,13 @@ class KubernetesTarget(Slots, ref.References, Baselines):
 
     # ---- readiness ----
 
+    def _bound(self, timeout_s: float) -> float:
+        """`timeout_s`, cut to what is left of this process's budget."""
+        return timeout_s if self._ends is None else max(0.0, min(timeout_s, self._ends - time.monotonic()))
+
     def _wait(self, record: ReleaseRecord, timeout_s: float, progress: Progress) -> None:
         name, start, last, last_at = obj.rs_name(record), time.monotonic(), "", 0.0
+        timeout_s = self._bound(timeout_s)
         while True:
             elapsed = time.monotonic() - start
             rs = self.kube.get("RayService", name)
@@ -214,7 +223,7 @@ class KubernetesTarget(Slots, ref.References, Baselines):
     def _wait_gone(self, name: str, progress: Progress, step: str = "rollout") -> None:
         """KubeRay's finalizer keeps a deleted RayService until its RayClusters are gone; applying
         over it in that time would be lost with it."""
-        start, said = time.monotonic(), False
+        start, said, limit = time.monotonic(), False, self._bound(self.restore_timeout_s)
         while not self.dry_run and (rs := self.kube.get("RayService", name)) is not None:
             if not rs["metadata"].get("deletionTimestamp"):
                 return
@@ -222,8 +231,8 @@ class KubernetesTarget(Slots, ref.References, Baselines):
                 progress(f"[{step}] waiting for RayService {name} to finish terminating (finalizers: "
                          f"{', '.join(rs['metadata'].get('finalizers') or []) or 'none'})")
                 said = True
-            if time.monotonic() - start >= self.restore_timeout_s:
-                raise TargetError(f"RayService {name} is still terminating after {self.restore_timeout_s:.0f}s",
+            if time.monotonic() - start >= limit:
+                raise TargetError(f"RayService {name} is still terminating after {limit:.0f}s",
                                   [f"`kubectl -n {self.namespace} get rayservice {name} -o yaml` shows its finalizers"])
             time.sleep(self.poll_s)
         if said:
