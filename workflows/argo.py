@@ -68,8 +68,9 @@ GAUGE_HELP = {"pd_release_ttft_ms": "time to first token (ms) of the first valid
 CHECK_DEADLINE = 600
 
 
-def pipeline_timeouts(root: Path = Path(__file__).resolve().parents[1]) -> Timeouts:
+def pipeline_timeouts(root: Path | None = None) -> Timeouts:
     """The widest `timeouts` of the committed overlays (overlays/*/release.yaml): one workflow runs them all."""
+    root = root or Path(__file__).resolve().parents[1]
     specs = [parse_spec(read_yaml_file(f), f).timeouts for f in sorted((root / "overlays").glob("*/" + SPEC_FILE))]
     return Timeouts.widest(specs)
 

@@ -203,7 +203,8 @@ def test_deadlines_outlast_the_cli_timeouts(release, canary):
                 assert 0 < tpl["activeDeadlineSeconds"] <= spec["activeDeadlineSeconds"], tpl["name"]
     rollback = templates(canary["spec"]["workflowSpec"])["rollback"]
     assert rollback["activeDeadlineSeconds"] >= waits["rollback"] == timeouts.restore_s + 300 + timeouts.drain_s
-    chain = [templates(release["spec"])[n]["activeDeadlineSeconds"] for n in ("check", "rollout", "validate", "rollback")]
+    chain = [templates(release["spec"])[n]["activeDeadlineSeconds"]
+             for n in ("check", "rollout", "validate", "rollback")]
     assert sum(chain) <= argo.WORKFLOW_DEADLINE
     # a wider timeout in one overlay widens the workflow
     wider = timeouts.model_copy(update={"restore_s": timeouts.restore_s + 600})
