@@ -257,7 +257,21 @@ def render(overlay: Path, validate_serve_config: bool = True) -> Rendered:
     if (arch := sizing.annotation(spec)):
         annotations[sizing.ARCH_ANNOTATION] = arch
     rayservice.setdefault("spec", {})["serveConfigV2"] = dump_yaml(serve_config)
+    _applied_pdbs(objects, rayservice, overlay)
     return Rendered(objects=objects, file=str(overlay), spec=spec, overlay=overlay)
+
+
+def _applied_pdbs(objects: list[dict[str, Any]], rayservice: dict[str, Any], overlay: Path) -> None:
+    """PodDisruptionBudgets as the target applies them: integer minAvailable per worker group (pdb.py)."""
+    from workflows.pdb import as_min_available, group_pods
+
+    pods = group_pods(rayservice)
+    for pdb in find(objects, "PodDisruptionBudget"):
+        problem = as_min_available(pdb, pods)
+        if problem:
+            raise InputError(overlay / "kustomization.yaml",
+                             f"PodDisruptionBudget/{(pdb.get('metadata') or {}).get('name', '?')} spec", problem,
+                             "patch the PDB in the overlay (kustomize/base/pdb.yaml shows the form)")
 
 
 def load_manifest(path: str) -> Rendered:

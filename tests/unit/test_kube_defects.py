@@ -50,6 +50,39 @@ def test_each_colours_pdbs_allow_one_disruption_of_healthy_kuberay_pods(cluster,
         assert pdb["status"]["disruptionsAllowed"] == 1, pdb["status"]
 
 
+def test_the_rendered_pdbs_are_what_the_target_applies(cluster, manifests):
+    """`pdops render` output equals what the target applies (issue 22 item 7): a user who applies the render
+    with kubectl, Argo CD or Flux gets the integer minAvailable form, never maxUnavailable (workflows/pdb.py)."""
+    rendered = {p["metadata"]["name"]: p for p in manifests["local"].objects if p["kind"] == "PodDisruptionBudget"}
+    assert rendered and all("maxUnavailable" not in p["spec"] for p in rendered.values())
+    release(target(cluster), record(manifests))
+    applied = live(cluster, "poddisruptionbudgets")
+    assert set(applied) == {f"{name}-blue" for name in rendered}
+    for name, pdb in rendered.items():
+        spec = dict(applied[f"{name}-blue"]["spec"])
+        match = dict(spec.pop("selector")["matchLabels"])
+        assert match.pop("pdops.dev/colour") == "blue"   # the only change: one PDB set per colour
+        assert match == pdb["spec"]["selector"]["matchLabels"]
+        assert spec == {k: v for k, v in pdb["spec"].items() if k != "selector"}
+
+
+def test_a_pdb_with_a_percentage_is_refused_at_render_naming_the_kustomization(tmp_path):
+    import shutil
+
+    from tests.conftest import ROOT
+    from workflows.errors import InputError
+    from workflows.manifest import render
+
+    shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
+    shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")
+    base = tmp_path / "kustomize" / "base" / "pdb.yaml"
+    base.write_text(base.read_text().replace("maxUnavailable: 1", "maxUnavailable: 50%", 1))
+    with pytest.raises(InputError) as bad:
+        render(tmp_path / "overlays" / "local", validate_serve_config=False)
+    assert "kustomization.yaml" in str(bad.value.file) and "PodDisruptionBudget/" in bad.value.field
+    assert "scale subresource" in bad.value.problem
+
+
 # 4. History stays under the 1 MiB ConfigMap limit, and rollback keeps working at it.
 def test_history_stays_under_a_mebibyte_with_huge_failure_reasons(cluster, manifests):
     t = target(cluster)

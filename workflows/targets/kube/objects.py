@@ -4,13 +4,9 @@
   template too, because KubeRay copies template labels onto pods (common/pod.go labelPod) but not
   the RayService's name.
 - PodDisruptionBudgets: one set per colour (renamed, selector narrowed to the colour), so a
-  crash-looping candidate never counts against the stable slot's drains. `maxUnavailable` is
-  rewritten to the integer `minAvailable` it means (pods of the group it selects minus
-  maxUnavailable): the disruption controller resolves maxUnavailable (and percentages) through the
-  pods' controller's scale subresource, and KubeRay's RayCluster has none (its CRD declares only
-  `status`), so such a PDB allows 0 disruptions forever and blocks every drain; an integer
-  minAvailable is counted against the pods themselves (kubernetes pkg/controller/disruption/
-  disruption.go getExpectedPodCount / getExpectedScale: "found no controllers for pod").
+  crash-looping candidate never counts against the stable slot's drains. Their spec is applied as
+  `pdops render` emits it: the integer `minAvailable` form (workflows/pdb.py says why maxUnavailable
+  cannot work for RayCluster-owned pods); only a release recorded before render did so is converted.
 - ServiceAccount, PodMonitor: shared, applied as they are (the PodMonitor carries the colour label
   into every scraped series).
 - The stable Service (applied on promote only) selects `pdops.dev/colour=<c>` and
@@ -29,10 +25,11 @@ from typing import Any
 import yaml
 
 from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION, PHASE_LABEL, RELEASE_LABEL, REVISION_ANNOTATION
+from workflows.pdb import as_min_available, group_pods
 from workflows.targets.base import ReleaseRecord, TargetError
 from workflows.targets.kube.api import KINDS
 
-SERVE_LABEL, NODE_TYPE_LABEL, GROUP_LABEL = "ray.io/serve", "ray.io/node-type", "ray.io/group"
+SERVE_LABEL, NODE_TYPE_LABEL = "ray.io/serve", "ray.io/node-type"
 SHARED_KINDS = ("ServiceAccount", "PodMonitor")
 MANIFEST_KINDS = ("RayService", "PodDisruptionBudget", "Service", "ServiceAccount", "PodMonitor")
 
@@ -76,35 +73,22 @@ def check(record: ReleaseRecord, namespace: str) -> None:
                           [f"it applies {', '.join(MANIFEST_KINDS)}; remove the others from the overlay"])
 
 
-def _group_pods(rayservice: dict[str, Any]) -> dict[str, int]:
-    groups = rayservice["spec"]["rayClusterConfig"].get("workerGroupSpecs") or []
-    return {g["groupName"]: max(int(g.get("replicas") or 0), int(g.get("minReplicas") or 0))
-            * int(g.get("numOfHosts", 1)) for g in groups}
-
-
 def _pdb(pdb: dict[str, Any], colour: str, pods: dict[str, int]) -> dict[str, Any]:
     meta, spec = pdb["metadata"], pdb["spec"]
     meta["name"] = f"{meta['name']}-{colour}"
     meta.setdefault("labels", {})[COLOUR_LABEL] = colour
-    match = spec.setdefault("selector", {}).setdefault("matchLabels", {})
-    match[COLOUR_LABEL] = colour
-    if "maxUnavailable" in spec:
-        group = match.get(GROUP_LABEL)
-        unavailable = spec.pop("maxUnavailable")
-        if group not in pods or not isinstance(unavailable, int):
-            raise TargetError(f"PodDisruptionBudget {meta['name']}: maxUnavailable {unavailable!r} on pods of "
-                              f"{'group ' + group if group else 'no single worker group'} cannot work for KubeRay pods",
-                              ["the disruption controller needs a scale subresource for maxUnavailable and "
-                               "percentages, and RayCluster has none; select one worker group (ray.io/group) "
-                               "with an integer maxUnavailable, or use an integer minAvailable"])
-        spec["minAvailable"] = max(0, pods[group] - unavailable)
+    spec.setdefault("selector", {}).setdefault("matchLabels", {})[COLOUR_LABEL] = colour
+    # a render is already in this form (pdb.py); a release recorded before it was is converted here
+    problem = as_min_available(pdb, pods)
+    if problem:
+        raise TargetError(f"PodDisruptionBudget {meta['name']}: {problem}", [])
     return pdb
 
 
 def release_objects(record: ReleaseRecord, namespace: str) -> list[dict[str, Any]]:
     """What a rollout applies for `record` in its colour (the Service is left for promote)."""
     colour, out = record.colour, []
-    pods = _group_pods(only(record, "RayService"))
+    pods = group_pods(only(record, "RayService"))
     for obj in objects(record):
         meta = obj.setdefault("metadata", {})
         meta["namespace"] = namespace

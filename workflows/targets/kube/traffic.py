@@ -19,6 +19,7 @@ from typing import Any
 
 from validation.server_metrics import parse, scrape, sources
 from workflows.names import COLOUR_LABEL, PHASE_LABEL
+from workflows.pdb import GROUP_LABEL
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord
 from workflows.targets.kube import objects as obj
 from workflows.targets.kube.api import Kube
@@ -41,7 +42,7 @@ def worker_metrics(kube: Kube, record: ReleaseRecord) -> str | None:
         labels, ip = pod["metadata"].get("labels") or {}, (pod.get("status") or {}).get("podIP")
         if not ip or pod["metadata"].get("deletionTimestamp") or (pod.get("status") or {}).get("phase") != "Running":
             continue
-        group = labels.get(obj.GROUP_LABEL, "")
+        group = labels.get(GROUP_LABEL, "")
         phase = labels.get(PHASE_LABEL) or group
         urls.append(f"http://{ip}:{_metrics_port(rayservice, group)}/metrics#{phase}")
     return ",".join(urls) or None
