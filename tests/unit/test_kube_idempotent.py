@@ -223,7 +223,7 @@ def _rollout_step(cluster, monkeypatch, out) -> tuple[int, str]:
     from workflows import release_cli
     from workflows.cli import main
 
-    monkeypatch.setattr(release_cli, "open_target", lambda args: target(cluster))
+    monkeypatch.setattr(release_cli, "open_target", lambda args, step=None: target(cluster))
     code = main(["rollout", "--target", "kubernetes", "--overlay", str(ROOT / "overlays" / "local"), "--namespace",
                  LOCAL_NS, "--revision", "r" * 40, "--timeout", "30", "--outputs", str(out)])
     return code, (out / "verdict").read_text() if (out / "verdict").is_file() else ""
@@ -276,7 +276,7 @@ def test_a_retried_restore_does_not_regress_the_release_it_restored(manifests, t
         run = tmp_path / "run"
         run.mkdir()
         (run / "validated.json").write_text(json.dumps({"slot": "stable", "release": c.short()}))
-        monkeypatch.setattr(release_cli, "open_target", lambda args: target(cluster))
+        monkeypatch.setattr(release_cli, "open_target", lambda args, step=None: target(cluster))
         argv = ["rollback", "--target", "kubernetes", "--namespace", LOCAL_NS, "--to-previous", "--report", str(run),
                 "--reason", "pd-canary: stable release regressed"]
         assert main(argv) == 0
