@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -235,56 +234,62 @@ def cmd_gate(args) -> int:
 
 
 def cmd_plan_load(args) -> int:
-    """Requests needed per phase from a pilot run's per-request samples (validation/plan.py)."""
-    from validation import plan, verdicts
-    from validation.config import SLO, VsStable
+    """Block pairs each load needs, from a pilot run's block-level spread (validation/plan.py)."""
+    from validation import judge, plan
+    from validation.config import SLO, Statistics, VsStable
     from validation.gate import bench_label
 
-    if args.release:
-        slo = _reader(args)(Path(args.release)).slo
-    else:
-        slo = SLO()
-    if args.confidence or args.power:
+    release = _reader(args)(Path(args.release)) if args.release else None
+    slo = release.slo if release is not None else SLO(vs_stable=VsStable(ttft_p90=1.1, tpot_p90=1.1, itl_p90=1.1))
+    if slo.vs_stable is None:
+        slo = slo.model_copy(update={"vs_stable": VsStable(ttft_p90=1.1, tpot_p90=1.1, itl_p90=1.1)})
+    over = {k: v for k, v in (("false_rollback", args.false_rollback), ("missed_regression", args.missed_regression))
+            if v}
+    if over:
         from pydantic import ValidationError
-
-        from validation.config import Statistics
-        over = {k: v for k, v in (("confidence", args.confidence), ("power", args.power)) if v}
         try:
-            stats = Statistics.model_validate({**slo.statistics.model_dump(), **over})
-            slo = slo.model_copy(update={"statistics": stats})
+            slo = slo.model_copy(update={"statistics": Statistics.model_validate(
+                {**slo.statistics.model_dump(), **over})})
         except ValidationError as exc:
             e = exc.errors()[0]
-            raise InputError("command line", "--" + str(e["loc"][0]), e["msg"], "use a value in [0.5, 0.999]") from None
-    vs = slo.vs_stable or VsStable(ttft_p90=1.1, tpot_p90=1.1, itl_p90=1.1)
-    factors = {"ttft_ms": vs.ttft_p90, "tpot_ms": vs.tpot_p90, "itl_ms": vs.itl_p90}
-    m = sum(1 for f in factors.values() if f is not None) or 1
-    st = slo.statistics
-    benches = _benches_of(_load(args.pilot), args.pilot)
-    print(f"regression to detect +{args.regression:.0%}; confidence {st.confidence}, power {st.power}; "
-          f"inconclusive: {st.inconclusive}" + (f", {st.max_looks} looks" if st.inconclusive == "extend" else "")
-          + f"; {m} vs_stable comparisons per load (Bonferroni)")
-    print(f"an upper bound exists at {st.confidence:.0%} from {plan.quantile_min_requests(0.9, st.confidence)} "
-          f"requests for a p90, {plan.quantile_min_requests(0.99, st.confidence)} for a p99")
+            raise InputError("command line", "--" + str(e["loc"][0]).replace("_", "-"), e["msg"],
+                             "use a rate in (0, 0.5]") from None
+    loads = len(release.validation.load) if release is not None else 1
+    bud = judge.budget(slo, loads)
+    vs_checks = [p for p in judge.planned_checks(slo) if p.kind == "vs_stable"]
+    assert slo.vs_stable is not None
+    print(f"regression to catch +{args.regression:.0%} with {1 - bud.beta:.0%}; {bud.checks} planned checks over "
+          f"{loads} load(s) (judge.planned_checks), each failing at most alpha {bud.alpha:.3%} "
+          f"(false_rollback {bud.false_rollback:.0%} for the whole decision)")
     rc = 1
-    for i, b in enumerate(benches):
+    for i, b in enumerate(_benches_of(_load(args.pilot), args.pilot)):
         print(f"\npilot {bench_label(b, i)}: {b.requests_ok} requests")
-        print("| phase | sigma of log | smallest detectable regression at this size | requests/side to detect it "
-              "| the gate's rule: requests/side (factor) |")
-        print("| --- | --- | --- | --- | --- |")
-        for metric, what in (("ttft_ms", "TTFT (prefill)"), ("tpot_ms", "TPOT (decode)"), ("itl_ms", "ITL (decode)")):
-            vals = verdicts.request_samples(b, metric)
-            if isinstance(vals, str) or len(vals) < 4:
-                print(f"| {what} | – | {vals if isinstance(vals, str) else 'under 4 samples'} | – | – |")
+        print("| check | pair sd of log quantile | pilot blocks (requests each) | block pairs needed "
+              f"| requests/side | caught at {slo.vs_stable.blocks} pairs |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        needs = []
+        for p in vs_checks:
+            got = judge.request_values(b, str(p.metric))
+            try:
+                sp = plan.block_spread(*got, float(p.q or 0)) if not isinstance(got, str) else got
+            except ValueError as exc:
+                sp = str(exc)
+            if isinstance(sp, str):
+                print(f"| {p.check} | – | {sp} | – | – | – |")
                 continue
-            sg = plan.log_sigma(vals)
-            mde = plan.smallest_detectable(sg, len(vals), st.confidence, st.power, m)
-            zz = plan.z_of(1 - (1 - st.confidence) / m) + plan.z_of(st.power)
-            need = plan.per_side(sg, math.log1p(args.regression), zz)
-            f = factors[metric] or 1.1
-            g = plan.gate_requests(sg, f, args.regression, slo, m)
-            print(f"| {what} | {sg:.3f} | +{mde:.1%} | {need} | {g['requests']} ({f}x"
-                  + (f"; first look {g['first_look']}" if g["looks"] > 1 else "") + ") |")
+            k = plan.blocks_needed(sp, float(p.limit or 0), args.regression, bud.alpha, bud.beta)
+            now = plan.caught_at(sp, slo.vs_stable.blocks, float(p.limit or 0), bud.alpha, bud.beta)
+            print(f"| {p.check} ({p.limit}x) | {sp.pair_sd:.3f} | {sp.blocks} {'batches' if sp.batches else 'blocks'}"
+                  f" ({sp.per_block}) | {k if k else 'none: regression within the factor'} | "
+                  f"{k * sp.per_block if k else '–'} | {now:.3f}x |")
+            needs.append((k or 0) * sp.per_block)
             rc = 0
+        if needs and b.wall_s and b.requests_total:
+            per = b.wall_s / b.requests_total
+            wall, gpu_min = plan.gpu_minutes(max(needs), per, args.gpus)
+            print(f"cost: {max(needs)} requests per side at {per:.2f} s each: {wall:.0f} min of load, "
+                  f"{gpu_min:.0f} GPU-minutes per load at {args.gpus} GPUs per deployment (candidate and "
+                  f"baseline both held), {gpu_min * loads:.0f} per release of {loads} load(s)")
     if rc:
         _err("no per-request samples in the pilot: run `pdops bench` (it keeps them) and pass its --json file")
     return rc
@@ -292,12 +297,13 @@ def cmd_plan_load(args) -> int:
 
 def register(sub, read_release: ReleaseReader | None = None) -> None:
     """The commands of validation/; `read_release` reads a release.yaml for gate and plan-load."""
-    p = sub.add_parser("plan-load", help="requests a run needs to detect a regression, from a pilot bench JSON")
-    p.add_argument("pilot", help="a bench JSON (`pdops bench --json`) or a report.json with benches")
-    p.add_argument("--release", help="overlays/<env>/release.yaml: its vs_stable factors and slo.statistics")
+    p = sub.add_parser("plan-load", help="block pairs a load needs to catch a regression, from a pilot bench JSON")
+    p.add_argument("pilot", help="a bench JSON (`pdops bench --json`; interleaved: with blocks) or a report.json")
+    p.add_argument("--release", help="overlays/<env>/release.yaml: its checks, loads and slo.statistics")
     p.add_argument("--regression", type=_positive, default=0.15, help="fraction, e.g. 0.15 for +15%%")
-    p.add_argument("--confidence", type=_positive, help="override slo.statistics.confidence")
-    p.add_argument("--power", type=_positive, help="override slo.statistics.power")
+    p.add_argument("--false-rollback", type=_positive, help="override slo.statistics.false_rollback")
+    p.add_argument("--missed-regression", type=_positive, help="override slo.statistics.missed_regression")
+    p.add_argument("--gpus", type=int, default=16, help="GPUs per deployment, for the cost line (default 16)")
     p.set_defaults(func=cmd_plan_load, read_release=read_release)
 
     p = sub.add_parser("compat", help="OpenAI-compatibility suite against a serving endpoint")

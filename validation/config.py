@@ -57,10 +57,10 @@ class VsStable(_Strict):
     # run, nothing is compared (without_baseline). recorded: the baseline kept at promote (half the load time).
     measure: Literal["live", "recorded"] = "live"
     # Block pairs per load. The comparison's variance is estimated from the pairs, so with few of them
-    # the interval is wide (t(k-1)); with 5 % block-to-block noise, 32 pairs of 50 requests keep an
-    # unchanged candidate's false-rollback risk within budget (scripts/bench_gate_sim.py, docs/gate.md
-    # "Error rates"; `pdops plan-load` plans it from a pilot). Fewer than 2 pairs: no interval at all.
-    blocks: Annotated[int, Field(ge=1, le=256)] = 32
+    # the interval is wide (t(k-1)); with 5 % block-to-block noise, queueing correlation and bursts,
+    # 48 pairs of 50 requests catch a +15 % p90 regression at prod's 33 checks (scripts/bench_gate_sim.py,
+    # docs/gate.md#error-rates; `pdops plan-load` plans it from a pilot). Fewer than 2 pairs: no interval.
+    blocks: Annotated[int, Field(ge=1, le=256)] = 48
     # What a load with no baseline run to compare with does (no baseline measured: a first release,
     # no room for one; or one measured at another profile/load). fail: the vs_stable checks of that
     # load fail, so nothing is promoted on a comparison that was never made. absolute_only: they are
@@ -142,10 +142,10 @@ class LoadProfile(_Strict):
     # the load rises over this many seconds at the start of the run and of each interleaved block
     # instead of starting as a burst (validation/loadgen.py, validation/interleave.py); 0: a burst
     ramp_s: Annotated[float, Field(ge=0, le=3_600, allow_inf_nan=False)] = 1.0
-    # 1600 per side, in slo.vs_stable.blocks blocks (32 of 50): what the whole decision's error rates
+    # 2400 per side, in slo.vs_stable.blocks blocks (48 of 50): what the whole decision's error rates
     # need with 5 % block-to-block noise and queueing correlation (scripts/bench_gate_sim.py,
-    # docs/gate.md "Error rates"); `pdops plan-load` plans it from a pilot run.
-    requests: Annotated[int, Field(gt=0, le=1_000_000)] | None = 1600
+    # docs/gate.md#error-rates); `pdops plan-load` plans it from a pilot run.
+    requests: Annotated[int, Field(gt=0, le=1_000_000)] | None = 2400
     duration_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] | None = None
     warmup_requests: int = Field(2, ge=0, le=10_000)
     # A trace file, relative to the overlay directory and inside the repository; `requests` caps it.

@@ -4,31 +4,29 @@ Pure functions of samples (no I/O); validation/gate.py `decide` calls them for e
 `pdops plan-load` (validation/plan.py) and the simulator (scripts/bench_gate_sim.py) use the same
 `planned_checks` and `budget`, so the plan, the gate and the calibration count the same comparisons.
 
-Every check has a limit (a vs_stable factor, an SLO in ms) and three outcomes:
+Every check has a limit (a vs_stable factor, an SLO in ms) and its share `alpha` of the decision's
+false-rollback budget: slo.statistics.false_rollback split over every planned check of every load and
+look (Bonferroni), because ANY failing check rolls the release back: the correction belongs on the
+rollback side (issue 21: the old gate applied it to the pass side, which made unchanged candidates
+fail more often and bounded nothing). beta = slo.statistics.missed_regression / looks.
 
-- pass: the upper bound at 1 - beta is within the limit, so a candidate truly at or beyond the limit
-  is promoted at most beta of the time (beta = slo.statistics.missed_regression / looks). The release
-  is promoted only when every check passes, so a regression in any one check is missed at most beta
-  of the time: an intersection-union test, which needs no multiplicity correction on this side.
-- fail: the lower bound at 1 - alpha is beyond the limit (proven). alpha is this check's share of the
-  whole decision's false-rollback budget: slo.statistics.false_rollback split over every planned
-  check of every load and look (Bonferroni), because ANY failing check rolls the release back: the
-  correction belongs on the rollback side (issue 21: the old gate applied it to the pass side, which
-  made unchanged candidates fail more often and bounded nothing).
-- inconclusive: neither; `slo.statistics.inconclusive` decides (fail by default: not promoted).
-  A run with fewer than 2 block pairs has no block-level variance and so no interval: inconclusive.
-
-An unchanged candidate is rolled back by a check when its upper bound lands beyond the limit. How
-often that happens depends on the run's size: each check states it ("false-rollback risk at 1.00x")
-beside its budget share `alpha`, and `pdops plan-load` sizes the runs so that every check's risk is
-within its share, which keeps the whole decision's false-rollback rate within false_rollback.
+- vs_stable (`vs_baseline`): fail when proven slower than the baseline (the ratio's lower bound at
+  1 - alpha above 1) and the estimate is beyond the factor: an unchanged candidate is rolled back at
+  most alpha of the time, whatever the run's size, so the whole decision's false-rollback rate is at
+  most false_rollback. How large a regression is caught depends on the run's size: each check states
+  the ratio it rolls back with 1 - beta, `pdops plan-load` sizes the runs for the regression to catch,
+  and a run too small to catch factor^3 is inconclusive (it could promote a real regression).
+- absolute SLO quantile (`absolute`): pass when the upper bound at 1 - beta is within the limit (a
+  candidate truly beyond it is promoted at most beta of the time), fail when the lower bound at
+  1 - alpha is beyond it, else inconclusive.
+- inconclusive: `slo.statistics.inconclusive` decides (fail by default: not promoted). A run with
+  fewer than 2 block pairs has no block-level variance and so no interval: inconclusive.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -234,16 +232,24 @@ def _pairs(c: Blocked, s: Blocked) -> tuple[list[np.ndarray], list[np.ndarray], 
     return [cv[ci == k] for k in common], [sv[si == k] for k in common], f"block ids on both sides: {len(common)}"
 
 
-def false_rollback_risk(log_se: float, pairs: int, factor: float, beta: float) -> float:
-    """P(an unchanged candidate's upper bound lands beyond the factor) at this standard error."""
-    if pairs < 2 or not math.isfinite(log_se) or log_se <= 0:
-        return 1.0 if pairs < 2 or not math.isfinite(log_se) else 0.0
-    return 1 - NormalDist().cdf(math.log(factor) / log_se - stats.small_k_factor(pairs, 1 - beta))
+def detectable_ratio(log_se: float, pairs: int, factor: float, alpha: float, beta: float) -> float:
+    """The true ratio rolled back with probability 1 - beta: the estimate must clear both the factor and
+    the proof of a slowdown (lower bound at 1 - alpha above 1), with beta to spare."""
+    if pairs < 2 or not math.isfinite(log_se):
+        return math.inf
+    need = max(math.log(factor), log_se * stats.small_k_factor(pairs, 1 - alpha))
+    return math.exp(need + log_se * stats.small_k_factor(pairs, 1 - beta))
 
 
 def vs_baseline(cand: Blocked, base: Blocked, q: float, factor: float, bud: Budget, st: Statistics,
                 look: int) -> Judged:
-    """The candidate's q-quantile against the baseline's, block k against block k (stats.paired_quantile_ratio)."""
+    """The candidate's q-quantile against the baseline's, block k against block k (stats.paired_quantile_ratio).
+
+    fail: proven slower than the baseline (lower bound at 1 - alpha above 1) AND beyond the factor (the
+    estimate): an unchanged or faster candidate fails at most alpha of the time, whatever the run's
+    size. inconclusive: fewer than 2 block pairs, or a run too small to catch a regression of factor^3
+    with probability 1 - beta (it could promote a real regression). pass: otherwise. Each check states
+    the ratio it catches with 1 - beta (`rolled_back_from`)."""
     cb, bb, how = _pairs(cand, base)
     a, b = bud.alpha, bud.beta
     if len(cb) < 2:
@@ -255,20 +261,18 @@ def vs_baseline(cand: Blocked, base: Blocked, q: float, factor: float, bud: Budg
         return Judged("inconclusive", ok, msg, None, 1 - b, {"ratio": point}, a)
     r = stats.paired_quantile_ratio(cb, bb, q)
     lo, up = r.bounds(1 - a, 1 - b)
-    verdict = _verdict(lo, up, factor)
+    caught = detectable_ratio(r.log_se, r.pairs, factor, a, b)
+    verdict = ("fail" if lo > 1 and r.estimate > factor else "inconclusive" if caught > factor ** 3 else "pass")
     ok, note = policy(verdict, r.estimate <= factor, st, look)
-    width = stats.small_k_factor(r.pairs, 1 - a) + stats.small_k_factor(r.pairs, 1 - b)
-    passes_up_to = factor * math.exp(-width * r.log_se)     # passes with 1 - alpha below this true ratio
-    fails_from = factor * math.exp(width * r.log_se)        # proven beyond the limit with 1 - beta from here
-    risk = false_rollback_risk(r.log_se, r.pairs, factor, b)
+    why = {"fail": f"proven slower than the baseline (lower bound > 1) and beyond {factor}x",
+           "inconclusive": f"this run cannot catch a {factor ** 3:.2f}x regression (factor cubed) with "
+                           f"{1 - b:.0%}: raise slo.vs_stable.blocks or the requests",
+           "pass": f"not proven slower beyond {factor}x"}[verdict]
     msg = (f"p{stats.q_name(q)} {r.estimate:.3f}x baseline, bounds [{_f(lo, 'x')} ({1 - a:.2%}), {_f(up, 'x')} "
-           f"({1 - b:.1%})] ({r.method}) vs limit {factor}x: {verdict}{note}; a candidate at or beyond "
-           f"{factor}x is promoted at most {b:.0%} of the time; passes reliably up to {passes_up_to:.3f}x, "
-           f"fails (proven) from {fails_from:.3f}x; false-rollback risk at 1.00x {_pct(risk)} vs its "
-           f"{bud.text()}" + ("" if risk <= a else ": over its share, raise slo.vs_stable.blocks or the requests"))
+           f"({1 - b:.1%})] ({r.method}) vs limit {factor}x: {verdict}: {why}{note}; a {caught:.3f}x candidate is "
+           f"rolled back with {1 - b:.0%}; an unchanged one at most {a:.3%} of the time ({bud.text()})")
     return Judged(verdict, ok, msg, (lo, up), 1 - b,
-                  {"ratio": r.estimate, "log_se": r.log_se, "pairs": float(r.pairs), "passes_up_to": passes_up_to,
-                   "fails_from": fails_from, "false_rollback_risk": risk}, a)
+                  {"ratio": r.estimate, "log_se": r.log_se, "pairs": float(r.pairs), "rolled_back_from": caught}, a)
 
 
 def load_count(benches: Sequence[object], planned: Sequence[object] | None) -> int:

@@ -1,24 +1,26 @@
-"""`pdops plan-load`: how many requests a run needs, from a pilot run's spread.
+"""`pdops plan-load`: how many block pairs a load needs, from a pilot run's BLOCK-level spread.
 
-The gate's vs_stable rule (validation/verdicts.py) compares per-request log latencies with the
-Hodges-Lehmann shift and its Mann-Whitney interval. Its standard error is about
-sigma * sqrt(pi/3) * sqrt(1/n_candidate + 1/n_stable), sigma the spread of log latency: pi/3 is the
-rank test's cost against a t-test on normal data (asymptotic relative efficiency 3/pi), exact enough
-for planning and checked by scripts/bench_gate.py (at sigma 0.3, factor 1.1, 95%/95%, three
-comparisons: 296 requests planned; the Monte Carlo's false-rollback rate is 17% at 200, 4.6% at 300).
-A release with m vs_stable comparisons and K planned looks judges each at 1 - (1 - C) / (m K).
+The gate compares the candidate's named quantile with the baseline's block pair by block pair
+(validation/judge.py vs_baseline): the comparison's standard error is the spread of the per-pair log
+ratios over sqrt(pairs), and with 5 % block-to-block noise and queueing correlation that spread comes
+from the blocks, not from the request count alone (4 blocks of 400 requests know less than 32 of 50).
+So the plan reads the pilot's per-block quantiles: the sd of log Q over its blocks, times sqrt(2) for
+a pair of independent blocks (candidate and baseline), gives the pair spread; the blocks needed are the
+fewest k whose check rolls back a `regression` with probability 1 - missed_regression at its budget
+share alpha (judge.detectable_ratio: the same rule the gate applies), for exactly the checks
+judge.planned_checks lists and the budget judge.budget splits. A pilot without blocks is cut into
+consecutive batches (stats.batches), which sees queueing correlation but not minute-to-minute noise:
+run the pilot interleaved (any release's bench with blocks) for a plan that does.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from validation.config import SLO
-from validation.stats import z_of
-
-_ARE = math.pi / 3
+from validation import judge, stats
 
 
 def log_sigma(vals: Sequence[float]) -> float:
@@ -30,37 +32,54 @@ def log_sigma(vals: Sequence[float]) -> float:
     return float((q3 - q1) / 1.349) or float(v.std(ddof=1))
 
 
-def per_side(sigma: float, effect: float, z_total: float) -> int:
-    """Requests per side for a log-shift `effect` (> 0) to sit z_total standard errors away."""
-    if effect <= 0:
-        return math.inf  # type: ignore[return-value]
-    return math.ceil(2 * _ARE * (sigma * z_total / effect) ** 2)
-
-
-def smallest_detectable(sigma: float, n: int, confidence: float, power: float, comparisons: int = 1) -> float:
-    """The regression (fraction) a run of n requests per side tells from none with `power`."""
-    zz = z_of(1 - (1 - confidence) / comparisons) + z_of(power)
-    return math.exp(zz * sigma * math.sqrt(_ARE * 2 / n)) - 1
-
-
-def gate_requests(sigma: float, factor: float, regression: float, slo: SLO, comparisons: int) -> dict:
-    """Requests per side the release's own rule needs: an unchanged candidate passes with `power`
-    (upper bound <= factor), and a `regression` is rolled back with `power`. With inconclusive: fail
-    the second holds as soon as the regression is at least the factor; with extend the regression
-    must be proven beyond the factor (lower bound > factor) by the last look."""
-    st = slo.statistics
-    looks = st.max_looks if st.inconclusive == "extend" else 1
-    zz = z_of(1 - (1 - st.confidence) / (looks * max(1, comparisons))) + z_of(st.power)
-    n_pass = per_side(sigma, math.log(factor), zz)
-    if st.inconclusive == "extend":
-        n_fail = per_side(sigma, math.log1p(regression) - math.log(factor), zz)
-    else:
-        n_fail = 0 if 1 + regression >= factor else per_side(sigma, math.log(factor) - math.log1p(regression), zz)
-    total = max(n_pass, n_fail)
-    return {"unchanged_passes": n_pass, "regression_rolled_back": n_fail, "requests": total,
-            "first_look": math.ceil(total / looks) if math.isfinite(total) else total, "looks": looks}
-
-
 def quantile_min_requests(q: float, confidence: float) -> int:
-    """Fewest samples with an upper bound for the q-quantile at all: 1 - q^n >= confidence."""
+    """Fewest independent samples with an upper bound for the q-quantile at all: 1 - q^n >= confidence."""
     return math.ceil(math.log(1 - confidence) / math.log(q))
+
+
+@dataclass(frozen=True)
+class BlockSpread:
+    pair_sd: float          # sd of log(Qc_k / Qb_k) for one pair of independent blocks
+    blocks: int             # the pilot's blocks (or batches)
+    per_block: int          # requests per block in the pilot
+    batches: bool           # the pilot had no blocks: consecutive batches stood in
+
+
+def block_spread(vals: np.ndarray, ids: np.ndarray | None, q: float) -> BlockSpread:
+    """The pilot's per-block spread of log q-quantile, as the spread of a candidate/baseline pair."""
+    batched = ids is None
+    ids = np.asarray(stats.batches(len(vals))) if ids is None else ids
+    keys = np.unique(ids)
+    logs = np.asarray([math.log(stats.quantile(np.sort(vals[ids == k]), q)) for k in keys])
+    if len(logs) < 2:
+        raise ValueError(f"{len(vals)} samples in {len(logs)} block: a pilot needs at least 2 blocks "
+                         f"(or {2 * stats.BATCH_MIN} requests)")
+    return BlockSpread(math.sqrt(2) * float(logs.std(ddof=1)), len(logs), len(vals) // len(logs), batched)
+
+
+def caught_at(spread: BlockSpread, k: int, factor: float, alpha: float, beta: float) -> float:
+    """The ratio a check of k block pairs rolls back with 1 - beta."""
+    return judge.detectable_ratio(spread.pair_sd / math.sqrt(k), k, factor, alpha, beta)
+
+
+def blocks_needed(spread: BlockSpread, factor: float, regression: float, alpha: float, beta: float,
+                  most: int = 4096) -> int | None:
+    """Fewest block pairs (>= 2) whose check rolls back a 1 + regression candidate with 1 - beta; None
+    when the regression is within the factor (the gate must not roll it back) or beyond `most`."""
+    target = 1 + regression
+    if target <= factor:
+        return None
+    lo, hi = 2, most
+    if caught_at(spread, hi, factor, alpha, beta) > target:
+        return None
+    while lo < hi:                      # detectable ratio falls with k
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if caught_at(spread, mid, factor, alpha, beta) <= target else (mid + 1, hi)
+    return lo
+
+
+def gpu_minutes(requests: int, seconds_per_request: float, gpus: int) -> tuple[float, float]:
+    """(wall minutes, GPU-minutes) of one load measured in paired blocks: both sides' requests run one
+    after the other, and the candidate and the baseline deployment are both held for the whole load."""
+    wall = 2 * requests * seconds_per_request / 60
+    return wall, wall * gpus * 2

@@ -120,7 +120,7 @@ def _sigma(history: Sequence[RunStat], cfg: CanaryConfig) -> float | None:
     if cfg.sigma is not None:
         return cfg.sigma
     x = np.asarray([r.log_ratio for r in history], dtype=float)
-    own = max((r.se or 0.0) for r in history) if history else 0.0
+    own = float(np.median([r.se or 0.0 for r in history])) if history else 0.0   # a typical run's own SE
     if len(x) < cfg.min_history:
         return own or None
     mad = 1.4826 * float(np.median(np.abs(x - np.median(x))))

@@ -207,7 +207,7 @@ class KnownTimingServer:
     api_key: str | None = None
     # Realistic jitter (0 = exact timings): each request's TTFT is first_token_delay x lognormal(0,
     # ttft_spread); its decode speed inter_token_delay x lognormal(0, itl_spread), and each gap again
-    # x lognormal(0, gap_spread). scripts/bench_gate.py samples these same distributions directly.
+    # x lognormal(0, gap_spread). (The gate's simulator, scripts/bench_gate_sim.py, draws its own world.)
     ttft_spread: float = 0.0
     itl_spread: float = 0.0
     gap_spread: float = 0.0

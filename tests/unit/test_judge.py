@@ -52,10 +52,9 @@ def test_an_unchanged_candidate_passes_with_interval_detectable_effect_and_budge
     m = len(judge.planned_checks(slo))     # 2 vs_stable + errors_vs_baseline (max_error_rate 0: no test)
     assert m == 3
     for c in _vs(d):
-        assert c.verdict == "pass" and c.interval[1] <= 1.1 and c.alpha == pytest.approx(0.05 / m)
-        assert c.confidence == pytest.approx(0.95)
-        assert {"passes_up_to", "fails_from", "false_rollback_risk"} <= set(c.detectable)
-        assert "32 block pairs" in c.message and "false-rollback risk at 1.00x" in c.message
+        assert c.verdict == "pass" and c.interval[0] < 1 and c.alpha == pytest.approx(0.05 / m)
+        assert c.confidence == pytest.approx(0.95) and 1.1 < c.detectable["rolled_back_from"] < 1.1 ** 3
+        assert "32 block pairs" in c.message and "candidate is rolled back with 95%" in c.message
     json.dumps(d.model_dump(mode="json"), allow_nan=False)   # no Infinity/NaN for jq or Argo to choke on
 
 
@@ -65,11 +64,11 @@ def test_a_uniform_regression_fails_and_a_tail_only_regression_is_not_promoted()
     d = decide(COMPAT_OK, [_run(rng, scale=1.3)], slo, [_run(rng)])
     assert d.verdict == "rollback" and {c.verdict for c in _vs(d)} == {"fail"}
     assert all(c.interval[0] > 1.1 for c in _vs(d))
-    # p90 +15 %, median unchanged: the p90 check compares p90s, so it is not promoted (a median-type
+    # p90 +15 %, median unchanged: the p90 check compares p90s, so it is rolled back (a median-type
     # shift test promoted a 1.13x p90 71 % of the time, issue 21)
     d = decide(COMPAT_OK, [_run(rng, tail=1.15)], slo, [_run(rng)])
     ttft = d.named("vs_stable_ttft_p90")[0]
-    assert d.verdict == "rollback" and not ttft.ok and ttft.interval[1] > 1.1 and ttft.value > 1.08
+    assert d.verdict == "rollback" and ttft.verdict == "fail" and ttft.interval[0] > 1 and ttft.value > 1.1
     assert d.named("vs_stable_tpot_p90")[0].ok
 
 
@@ -80,7 +79,7 @@ def test_a_p99_is_its_own_check():
     rng = np.random.default_rng(2)
     d = decide(COMPAT_OK, [_run(rng)], slo, [_run(rng)])
     p99 = d.named("vs_stable_ttft_p99")[0]
-    assert "p99" in p99.message and p99.limit == 1.3 and p99.verdict in ("pass", "inconclusive")
+    assert "p99" in p99.message and p99.limit == 1.3 and p99.verdict == "pass"
 
 
 def test_the_budget_is_split_over_every_planned_check_of_every_load_and_look():

@@ -24,12 +24,31 @@ def test_jittered_fake_to_samples_to_plan_load(tmp_path, capsys):
     b.write(tmp_path / "pilot.json")
     assert main(["plan-load", str(tmp_path / "pilot.json"), "--regression", "0.2"]) == 0
     out = capsys.readouterr().out
-    assert "upper bound exists at 95% from 29 requests for a p90, 299 for a p99" in out
-    ttft = next(line for line in out.splitlines() if line.startswith("| TTFT"))
-    sigma, mde, need = (c.strip() for c in ttft.split("|")[2:5])
-    assert 0.25 < float(sigma) < 0.6 and mde.startswith("+") and int(need) > 50
-    decode = next(line for line in out.splitlines() if line.startswith("| ITL"))
-    assert float(decode.split("|")[2]) < float(sigma)   # decode speed spread 0.2 < TTFT's 0.4
+    assert "regression to catch +20% with 95%; 4 planned checks over 1 load(s)" in out
+    ttft = next(line for line in out.splitlines() if line.startswith("| vs_stable_ttft_p90"))
+    sd, blocks, need = (c.strip() for c in ttft.split("|")[2:5])
+    # no blocks in a plain pilot: 4 batches of 30 consecutive requests stand in, and the plan says so
+    assert float(sd) > 0 and blocks == "4 batches (30)" and int(need) >= 2
+    assert "GPU-minutes per load at 16 GPUs per deployment" in out
+
+
+def test_plan_reads_block_level_spread_and_needs_more_pairs_when_blocks_are_noisier():
+    """The same requests with 5 % vs 15 % block-to-block noise: the plan needs more block pairs for the
+    noisier pilot (what a plan from the request count alone cannot see), and each plan's pairs catch
+    +15 % while one pair fewer does not."""
+    from tests.unit.test_stats import world
+    from validation import plan
+    rng = np.random.default_rng(3)
+    ids = np.repeat(np.arange(32), 50)
+    plans = []
+    for noise in (0.05, 0.15):
+        sp = plan.block_spread(world(rng, 1, 32, noise=noise)[0].ravel(), ids, 0.9)
+        k = plan.blocks_needed(sp, 1.1, 0.15, 0.05 / 9, 0.05)
+        assert plan.caught_at(sp, k, 1.1, 0.05 / 9, 0.05) <= 1.15 < plan.caught_at(sp, k - 1, 1.1, 0.05 / 9, 0.05)
+        plans.append(k)
+    assert plans[1] > 1.5 * plans[0], plans
+    assert plan.blocks_needed(sp, 1.1, 0.05, 0.01, 0.05) is None     # within the factor: never rolled back
+    assert plan.gpu_minutes(1600, 0.3, 16) == (16.0, 512.0)
 
 
 def test_samples_are_bounded_by_whole_requests(monkeypatch):
