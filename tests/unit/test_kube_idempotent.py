@@ -13,6 +13,8 @@ picks up. Asserted for every case:
   carries a release that passed validation in the scenario;
 - the retry succeeds and converges to the one state a fault-free run reaches (slots, RayServices,
   PodDisruptionBudgets, the Service's colour, the history's verdicts).
+A promote that fails at any write is also followed by the exit handler instead of a retry: users end
+on the previous stable release or the promoted one.
 
 Emulated: the API server (tests/fakes/kube/store.py: resourceVersion, uid preconditions answered 409
 as kube-apiserver's storage/errors/storage.go InterpretDeleteError does, finalizers, server-side apply),
@@ -122,9 +124,11 @@ def _state(cluster) -> dict:
     }
 
 
-def _run(manifests, op: str, fault: WriteFault | None, tmp_path) -> tuple[dict, list[str], object]:
-    """Prepare the scenario on a new cluster, run the step once (with `fault`), then retry it if it failed
-    or a fault fired. Returns the final state, the Watch's problems and the first try's error."""
+def _run(manifests, op: str, fault: WriteFault | None, tmp_path,
+         then: Callable[[object], object] | None = None) -> tuple[dict, list[str], object]:
+    """Prepare the scenario on a new cluster, run the step once (with `fault`), then retry it (or run
+    `then`, e.g. the exit handler) if a fault fired. Returns the final state, the Watch's problems and
+    the first try's error (fault-free: the number of writes sent)."""
     cluster = start_cluster(kubeconfig=tmp_path / "kubeconfig")
     try:
         scenario = _scenarios(manifests)[op]
@@ -141,7 +145,7 @@ def _run(manifests, op: str, fault: WriteFault | None, tmp_path) -> tuple[dict, 
         cluster.faults.write = None
         if fault is not None:
             assert fault.fired is not None, f"write #{fault.nth} was never sent ({len(cluster.writes()) - before} sent)"
-            scenario.step(target(cluster))   # the retry: a new process, reading the cluster afresh
+            (then or scenario.step)(target(cluster))   # a new process, reading the cluster afresh
         time.sleep(0.2)   # KubeRay's last status updates, checked by the Watch too
         return _state(cluster), watch.problems, error if fault is not None else len(cluster.writes()) - before
     finally:
@@ -212,6 +216,33 @@ def test_rollout_after_a_promote_recorded_but_not_switched_never_touches_the_col
         assert state["rayservices"] == {"pd-llm-green": ("b", "ready"), "pd-llm-blue": ("c", "ready")}
     finally:
         cluster.close()
+
+
+def _exit_handler(t) -> None:
+    """pd-release's onExit: `pdops rollback --if-candidate-pending` (release_cli.cmd_rollback)."""
+    if t.status().candidate.release is not None:
+        t.rollback(["the workflow ended Failed with a candidate pending"], None, Lines())
+
+
+@pytest.mark.parametrize(("nth", "kind"), [(n, k) for n in range(1, WRITES["promote"] + 1) for k in FAULT_KINDS],
+                         ids=[f"promote-write{n}-{k}" for n in range(1, WRITES["promote"] + 1) for k in FAULT_KINDS])
+def test_a_promote_that_fails_at_any_write_and_is_not_retried_is_safe_after_the_exit_handler(
+        manifests, clean, tmp_path, nth, kind):
+    """Retries exhausted (or the pod killed: Argo retries exit 75 only), the exit handler runs instead.
+    A candidate still pending is rolled back; if users were already moved to it (the switch landed, the
+    record did not), they are moved back to the stable colour, ready first and drained, before it is
+    deleted. If the record landed, users stay on the promoted release."""
+    fault = WriteFault(nth, kind, agent="pdops-test")
+    state, problems, _ = _run(manifests, "promote", fault, tmp_path, then=_exit_handler)
+    assert problems == [], f"{kind} at write #{nth} ({fault.fired.method} {fault.fired.path}): {problems}"
+    rolled_back = {"service": "blue", "rayservices": {"pd-llm-blue": ("a", "ready")},
+                   "stable": ("a", "blue", "ready"), "candidate": None,
+                   "history": [("a", "promote"), ("b", "rollback")]}
+    promoted = {"service": "green", "stable": ("b", "green", "ready"), "candidate": None,
+                "history": [("a", "promote"), ("b", "promote")]}
+    got = {k: state[k] for k in rolled_back}
+    assert got == rolled_back or ({k: state[k] for k in promoted} == promoted
+                                  and state["rayservices"]["pd-llm-green"] == ("b", "ready")), state
 
 
 # ---- one rule for what an earlier run left, in `pdops release` and the Argo rollout step (issue 22 item 5) ----
