@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             ("uniform +15% vs the user-facing stable under user load", {"scale": 1.15, "user_load": a.user_load},
              "(contrast)")]
     t0 = time.time()
-    for name, kw, target in rows:
+    for name, kw, target in rows if a.releases else []:
         rate, failed = rollback_rate(rng, a, a.releases, **kw)
         top = max(failed.items(), key=lambda kv: kv[1]) if failed else ("-", 0)
         print(f"| {name} | {rate:.1%} | {target} | {top[0]} ({top[1]}) |", flush=True)
