@@ -206,8 +206,11 @@ def absolute(values: Blocked, q: float, limit: float, bud: Budget, st: Statistic
     clusters = ids if ids is not None else np.asarray(stats.batches(len(vals)))
     bq = stats.quantile_ci_blocks(vals, clusters, q)
     a, b = bud.alpha, bud.beta
-    lo, up = bq.bounds(1 - a, 1 - b)
-    verdict = _verdict(lo, up, limit)
+    lo, up = bq.bounds(1 - a, 1 - b)   # the quantile's interval: reported, and the resolution below
+    # the verdict: the share above the limit against 1 - q (stats.exceedance says why not Woodruff's bounds)
+    ex = stats.exceedance(vals, clusters, limit, q)
+    ex_lo, ex_up = ex.bounds(1 - a, 1 - b)
+    verdict = "pass" if ex_up <= 1 - q else "fail" if ex_lo > 1 - q else "inconclusive"
     ok, note = policy(verdict, bq.estimate <= limit, st, look)
     # resolution: how far from the estimate the pass (upper) bound sits; a run passes reliably when its
     # true quantile is below limit / (1 + resolution)
@@ -216,10 +219,11 @@ def absolute(values: Blocked, q: float, limit: float, bud: Budget, st: Statistic
     one = "block" if ids is not None else f"batch (batches of >= {stats.BATCH_MIN} requests)"
     need = "" if bq.blocks >= 2 else (f"; {bq.n} samples cannot bound a p{stats.q_name(q)}: one {one}, so no "
                                       "block-level variance and no interval")
-    if bq.blocks >= 2 and not math.isfinite(up):
-        need = f"; {bq.n} samples cannot bound a p{stats.q_name(q)} from above at {1 - b:.1%}: raise the requests"
-    msg = (f"bounds [{_f(lo)} ({1 - a:.2%}), {_f(up)} ({1 - b:.1%})] ms (Woodruff, {how}, n={bq.n}): {verdict}{note}; "
-           f"resolution +{_pct(res)}; {bud.text()}{need}")
+    if bq.blocks >= 2 and verdict == "inconclusive":
+        need = f"; {bq.n} samples cannot show the share above {limit:g} ms within {1 - q:.1%}: raise the requests"
+    msg = (f"{ex.above} of {ex.n} above the limit ({ex.share:.2%}, bounds [{_pct(max(ex_lo, 0.0))} ({1 - a:.2%}), "
+           f"{_pct(ex_up)} ({1 - b:.1%})] vs {1 - q:.0%} allowed); quantile bounds [{_f(lo)}, {_f(up)}] ms "
+           f"(Woodruff, {how}, n={bq.n}): {verdict}{note}; resolution +{_pct(res)}; {bud.text()}{need}")
     return Judged(verdict, ok, msg, (lo, up), 1 - b, {"resolution": res, "passes_below": limit / (1 + res)}, a)
 
 
