@@ -144,3 +144,34 @@ def test_block_quantile_interval_covers_where_the_iid_one_does_not():
         iid += ci.lower <= true <= ci.upper
     assert 0.92 <= blocks / 500 <= 0.98 and 0.92 <= batched / 500 <= 0.98, (blocks, batched)
     assert iid / 500 < 0.87, iid / 500
+
+
+def test_exceedance_passes_a_clustered_tail_far_below_the_limit_and_fails_a_true_breach():
+    """The share-above-limit test (stats.exceedance): a p99 whose 1 % tail sits in two of 16 batches, all far
+    below the limit, is bounded (Woodruff's upper rank runs past the data there); a run whose true p99 is
+    1.5x the limit is proven beyond it."""
+    rng = np.random.default_rng(7)
+    v = rng.lognormal(np.log(6.0), 0.2, 1600)
+    v[:16] = rng.uniform(12, 15, 16)                 # the slow requests, all in the first batch
+    ids = np.asarray(stats.batches(len(v)))
+    assert not np.isfinite(stats.quantile_ci_blocks(v, ids, 0.99).bounds(0.95, 0.95)[1])
+    lo, up = stats.exceedance(v, ids, 100.0, 0.99).bounds(0.99, 0.95)
+    assert up < 0.01
+    limit = float(np.quantile(v, 0.99)) / 1.5
+    lo, _ = stats.exceedance(v, ids, limit, 0.99).bounds(0.99, 0.95)
+    assert lo > 0.01
+
+
+def test_exceedance_rarely_passes_a_p99_exactly_at_the_limit():
+    """At the boundary (true p99 == limit) with 5 % block noise, a pass is a missed regression: it must
+    happen at most about the nominal 5 % (one-sided upper bound at 95 %)."""
+    rng = np.random.default_rng(11)
+    ids = np.repeat(np.arange(16), 100)
+    passes = 0
+    trials = 400
+    for _ in range(trials):
+        v = rng.lognormal(np.log(10.0), 0.3, 1600) * np.repeat(rng.lognormal(0, 0.05, 16), 100)
+        limit = 10.0 * np.exp(0.3 * 2.3263 + 0.0)    # the p99 of the lognormal without block noise
+        _, up = stats.exceedance(v, ids, limit, 0.99).bounds(0.95, 0.95)
+        passes += up <= 0.01
+    assert passes / trials <= 0.08
