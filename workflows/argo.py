@@ -11,7 +11,9 @@ and the Argo execution tier (tests/argo) runs that committed YAML step by step.
     rollout verdict unchanged:   check -> rollout (the release already serves as stable: a no-op)
     dry-run=true:          check -> rollout --dry-run (the API server admits every object; nothing stored)
     skip-to-rollback=true: only skip-to-rollback (drop a candidate, restore the last good release)
-    onExit:                rollback-if-pending when the workflow did not succeed (the safety net)
+    onExit:                rollback-if-pending when the workflow did not succeed (the safety net), then unlock
+    lock (first) / unlock (exit handler): the run's environment Lease (workflows/run_cli.py); every writing
+    step runs with $PDOPS_RUN_ID and fails, naming the holder, when its run does not hold it
 
 Each step writes `verdict` and `summary` output files (workflows/step_outputs.py) exported as the
 workflow's global outputs, so a run that ends at any step says why, and its metrics are emitted.
@@ -33,6 +35,8 @@ from workflows.names import (  # noqa: F401 (re-exported)
     ENV_NAMESPACES,
     ENVIRONMENTS,
     PART_OF,
+    RUN_ENV,
+    RUN_LEASE_S,
     SERVICE_ACCOUNT,
     WORKFLOW_NAMESPACE,
 )
@@ -49,6 +53,7 @@ RUN_AS_USER = 10001              # matches the Dockerfile's user
 P = "{{workflow.parameters.%s}}"
 OVERLAY = "overlays/" + P % "environment"
 ENV_NS = "llm-" + P % "environment"   # overlays/<env> use namespace llm-<env> (names.ENV_NAMESPACES)
+RUN_ID = "{{workflow.name}}"          # the run's Lease holder is `run <workflow name>` (workflows/run_cli.py)
 
 GAUGES = {  # metric name -> [(output figure, phase, quantile)]
     "pd_release_ttft_ms": [("ttft-p50-ms", "prefill", "p50"), ("ttft-p99-ms", "prefill", "p99")],
@@ -83,16 +88,19 @@ def deadlines(timeouts: Timeouts) -> dict[str, int]:
         return int(math.ceil(waits[kind] + STEP_MARGIN_S))
     return {"check": CHECK_DEADLINE, "rollout": of("rollout"), "validate": of("validate"), "promote": of("promote"),
             "rollback": of("rollback"), "skip-to-rollback": of("rollback"), "exit-rollback": of("rollback"),
-            "validate-stable": of("validate"), "alert": 120}
+            "validate-stable": of("validate"), "alert": 120,
+            # run start waits for another run's Lease at most its duration + 60 s; run end deletes what the run
+            # started (reference/baseline RayServices: their deletion is not waited for) and the Lease
+            "lock": RUN_LEASE_S + 60 + STEP_MARGIN_S, "unlock": STEP_MARGIN_S}
 
 
 DEADLINES = deadlines(pipeline_timeouts())
 # check -> rollout -> validate -> promote | rollback; skip-to-rollback alone is shorter
-WORKFLOW_DEADLINE = DEADLINES["check"] + DEADLINES["rollout"] + DEADLINES["validate"] + max(
+WORKFLOW_DEADLINE = DEADLINES["lock"] + DEADLINES["check"] + DEADLINES["rollout"] + DEADLINES["validate"] + max(
     DEADLINES["promote"], DEADLINES["rollback"])
 # validate-stable -> rollback | alert. Longer than the 30-min schedule: with concurrencyPolicy Forbid a
 # run that restores the previous release is never cut short; the schedules that fall inside it are skipped.
-CANARY_DEADLINE = DEADLINES["validate-stable"] + max(DEADLINES["rollback"], DEADLINES["alert"])
+CANARY_DEADLINE = DEADLINES["lock"] + DEADLINES["validate-stable"] + max(DEADLINES["rollback"], DEADLINES["alert"])
 RETRY_LIMIT = 3
 RETRY_BACKOFF_S = (30, 2)        # first wait, factor: 30 s, 60 s, 120 s
 # Argo stops retrying once maxDuration has passed since the first try (operator.go
@@ -133,7 +141,8 @@ def _volumes():
 
 def _env():
     m = _hera()
-    return [m.EnvVar(name="HOME", value="/tmp"), m.EnvVar(name="PDOPS_ENVIRONMENT", value=P % "environment")]
+    return [m.EnvVar(name="HOME", value="/tmp"), m.EnvVar(name="PDOPS_ENVIRONMENT", value=P % "environment"),
+            m.EnvVar(name=RUN_ENV, value=RUN_ID)]
 
 
 def _source():
@@ -167,6 +176,21 @@ def _step(name: str, args: list[str], *, command: list[str] | None = None, check
         active_deadline_seconds=DEADLINES[name],
         resources=m.ResourceRequirements(requests={"cpu": cpu, "memory": memory}, limits={"memory": memory}),
     )
+
+
+def _lock_steps(remove_started: bool):
+    """`pdops run start` (the run's first step takes the environment's Lease) and `pdops run end` (the exit
+    handler releases it; with remove_started it first deletes the reference/baseline RayServices the run
+    started). Neither needs the checkout: they name only the namespace."""
+    lock_args = ["--run-id", RUN_ID, "--target", "kubernetes", "--namespace", ENV_NS]
+    lock = _step("lock", ["run", "start", *lock_args], checkout=False)
+    unlock = _step("unlock", ["run", "end", *lock_args, *(["--remove-started"] if remove_started else [])],
+                   checkout=False)
+    return lock, unlock
+
+
+# Every exit-handler task after which the Lease is released, whatever it ended with.
+ANY_END = "{t}.Succeeded || {t}.Failed || {t}.Errored || {t}.Skipped || {t}.Omitted"
 
 
 def _outcome(default_verdict: str, default_summary: str, figures: bool = False) -> list:
@@ -282,9 +306,12 @@ def build_release(image: str = STEP_IMAGE):
         exit_rollback = _step("exit-rollback", ["rollback", *target, "--if-candidate-pending", dry, "--reason",
                                                 "the workflow ended {{workflow.status}} with a candidate pending"])
 
+        lock, unlock = _lock_steps(remove_started=False)   # exit-rollback removes what the run started
+
         run = [Artifact(name="run", from_="{{tasks.validate.outputs.artifacts.run}}", optional=True)]
         with DAG(name="release"):
-            Task(name="check", template=check, when=f"{skip} == false")
+            Task(name="lock", template=lock, when=f"{P % 'dry-run'} == false")
+            Task(name="check", template=check, depends="lock.Succeeded || lock.Skipped", when=f"{skip} == false")
             Task(name="rollout", template=rollout, depends="check.Succeeded")
             # rollout writes `unchanged` when the release already serves as stable (steps.settle_candidate):
             # a re-release is a no-op that succeeds, validate and promote are skipped
@@ -294,10 +321,13 @@ def build_release(image: str = STEP_IMAGE):
                  arguments=run)
             Task(name="rollback", template=rollback, depends="validate.Succeeded || validate.Failed",
                  when=f"'{verdict}' != 'promote'", arguments=run)
-            Task(name="skip-to-rollback", template=skip_rollback, when=f"{skip} == true")
+            Task(name="skip-to-rollback", template=skip_rollback, depends="lock.Succeeded || lock.Skipped",
+                 when=f"{skip} == true")
 
         with DAG(name="exit-handler"):
             Task(name="rollback-if-pending", template=exit_rollback, when="{{workflow.status}} != Succeeded")
+            Task(name="unlock", template=unlock, depends=ANY_END.format(t="rollback-if-pending"),
+                 when=f"{P % 'dry-run'} == false")
 
     return wt
 
@@ -310,8 +340,9 @@ def build_canary(image: str = STEP_IMAGE):
     pod_sc, _ = _security()
     params = _common_params([
         Parameter(name="revision", value="main", description="free text: git ref whose release.yaml sets the SLOs"),
-        Parameter(name="on-regression", value="alert", enum=["rollback", "alert"],
-                  description="rollback: restore the good release before the stable one; alert: fail the run"),
+        Parameter(name="on-regression", value="rollback", enum=["rollback", "alert"],
+                  description="rollback (default): restore the good release before the stable one; "
+                              "alert: fail the run and leave the stable release serving"),
     ], environment="prod")
     for p in params:
         if p.name == "step-image":
@@ -331,6 +362,7 @@ def build_canary(image: str = STEP_IMAGE):
         successful_jobs_history_limit=3,
         failed_jobs_history_limit=5,
         entrypoint="canary",
+        on_exit="exit-handler",
         arguments=params,
         service_account_name=SERVICE_ACCOUNT,
         security_context=pod_sc,
@@ -355,8 +387,11 @@ def build_canary(image: str = STEP_IMAGE):
         alert.env = _env() + [m.EnvVar(name="SUMMARY", value="{{inputs.parameters.summary}}"),
                               m.EnvVar(name="VERDICT", value="{{inputs.parameters.verdict}}")]
 
+        lock, unlock = _lock_steps(remove_started=True)
+
         with DAG(name="canary"):
-            Task(name="validate-stable", template=validate)
+            Task(name="lock", template=lock)
+            Task(name="validate-stable", template=validate, depends="lock.Succeeded")
             # Only a verdict regresses the release; `failed` (validation could not run) alerts instead.
             Task(name="rollback", template=rollback, depends="validate-stable.Failed",
                  when=f"'{verdict}' == 'rollback' && {on} == rollback",
@@ -366,6 +401,11 @@ def build_canary(image: str = STEP_IMAGE):
                  when=f"'{verdict}' != 'rollback' || {on} == alert",
                  arguments=[Parameter(name="summary", value="{{tasks.validate-stable.outputs.parameters.summary}}"),
                             Parameter(name="verdict", value=verdict)])
+
+        # whatever the run ended with (killed, deadline, crash): the reference/baseline RayServices it started
+        # are deleted and the Lease released (exit-handler pods ignore the workflow deadline: workflowpod.go)
+        with DAG(name="exit-handler"):
+            Task(name="cleanup", template=unlock)
     return cw
 
 

@@ -186,14 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The commands owned by other modules, registered by plain imports (import-linter sees them).
     from validation import cli as validation_cli
-    from workflows import adopt_cli, advise_patch, argo, release_cli, validate_cli
+    from workflows import adopt_cli, advise_patch, argo, release_cli, run_cli, validate_cli
     from workflows.pricing import release_inputs
 
     release_cli.register(sub)
     validate_cli.register(sub)
     # validation/ reads no release.yaml itself: its gate and plan-load get the reader from here
     validation_cli.register(sub, read_release=release_inputs)
-    for module in (argo, adopt_cli, advise_patch):
+    for module in (argo, adopt_cli, advise_patch, run_cli):
         module.register(sub)
     return parser
 

@@ -30,6 +30,8 @@ DIGEST_ANNOTATION = "pdops.dev/digest"
 REVISION_ANNOTATION = "pdops.dev/revision"
 FIELD_MANAGER = "pdops"                        # server-side apply field manager
 LOCK_NAME = "pdops-release"                    # the Lease that keeps two releases of one namespace apart
+RUN_ENV = "PDOPS_RUN_ID"                         # an Argo run's id (workflow name): its steps hold the run's Lease
+RUN_LEASE_S = 600      # a run's Lease outlives the gaps between its steps (pod start, retry backoff <= 120 s)
 
 # Validation's API key comes from this Secret (optional) into this variable, never a parameter.
 API_KEY_ENV = "PDOPS_API_KEY"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 # shared with `pdops validate` (workflows/validate_cli.py), named locally as before
 from workflows.cli_common import api_key as _api_key, emit as _emit, progress as _progress
 from workflows.errors import InputError
+from workflows.names import RUN_ENV
 from workflows.targets.base import Target, TargetError, TargetStatus
 
 if TYPE_CHECKING:
@@ -74,7 +76,8 @@ def open_target(args: argparse.Namespace, step: str | None = None) -> Target:
         return KubernetesTarget(args.namespace, kubeconfig=args.kubeconfig, context=args.context,
                                 dry_run=args.dry_run, restore_timeout_s=t.restore_s, drain_grace_s=t.drain_s,
                                 reference_timeout_s=t.reference_s,
-                                budget_s=t.step_waits()[step] if step else None)
+                                budget_s=t.step_waits()[step] if step else None,
+                                run_id=os.environ.get(RUN_ENV) or None)
     from workflows.targets.local import LocalTarget
 
     return LocalTarget()

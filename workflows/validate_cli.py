@@ -52,8 +52,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     say(f"[validate] {args.slot} of {overlay} on the {args.target} target; run folder {run}")
     target = open_target(args)
     try:
-        result = validate_slot(target, rendered.spec, run, say, slot=args.slot, digest=digest, api_key=api_key(),
-                               rendered=rendered)   # rendered: each run is priced on its nodes
+        # it writes (reference and baseline RayServices, the golden cache): under the lock, as every writer
+        with target.session():
+            result = validate_slot(target, rendered.spec, run, say, slot=args.slot, digest=digest,
+                                   api_key=api_key(), rendered=rendered)   # rendered: each run is priced on its nodes
     except TargetError as exc:
         if exc.transient:
             raise

@@ -30,6 +30,11 @@ RENEW_EVERY = 0.25     # renew every quarter of the duration ...
 RENEW_DEADLINE = 2 / 3  # ... and give the lock up when renewals failed for two thirds of it (client-go 10 s of 15 s)
 
 
+def run_holder(run_id: str) -> str:
+    """The Lease holder of an Argo run: every step of the run holds it under this name."""
+    return f"run {run_id}"
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -47,8 +52,11 @@ class ReleaseLock:
         return {"holderIdentity": self.holder, "leaseDurationSeconds": max(1, round(self.lease_s)),
                 "acquireTime": acquired or now, "renewTime": now, "leaseTransitions": transitions}
 
-    def acquire(self, progress: Progress) -> None:
-        observed, observed_at = None, time.monotonic()
+    def acquire(self, progress: Progress, max_wait_s: float | None = None, renew: bool = True) -> None:
+        """Take the Lease (waiting while another holder's record keeps unchanged, then taking it over).
+        `max_wait_s`: give up sooner, naming the holder. `renew=False`: take it and leave it (a run's first
+        step: its later steps renew it, `pdops run end` releases it)."""
+        observed, observed_at, started = None, time.monotonic(), time.monotonic()
         while True:
             lease = self.kube.get("Lease", LOCK_NAME)
             if lease is None:
@@ -80,7 +88,37 @@ class ReleaseLock:
                     break
                 except Conflict:
                     continue  # someone wrote in between: read again
+            if max_wait_s is not None and time.monotonic() - started >= max_wait_s:
+                raise self._busy(holder, f"still held after waiting {max_wait_s:.0f}s")
             time.sleep(self.poll_s)
+        if renew:
+            self._start_renewing()
+
+    def hold(self) -> None:
+        """A later step of the run that took the Lease: renew it and keep renewing, or fail naming who holds
+        it (nothing is written without it)."""
+        lease = self.kube.get("Lease", LOCK_NAME)
+        spec = (lease or {}).get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        if lease is None or holder != self.holder:
+            raise TargetError(f"{self.holder} does not hold the release lock of namespace {self.kube.namespace}",
+                              [f"holder: {holder or 'nobody'} (Lease {LOCK_NAME}); nothing was written",
+                               "the run's first step (`pdops run start`) takes it; a run that lost it (another took "
+                               f"it over after {self.lease_s:.0f}s without renewal) must start again"])
+        lease["spec"] = self._spec(acquired=spec.get("acquireTime"), transitions=int(spec.get("leaseTransitions") or 0))
+        try:
+            self._lease = self.kube.replace(lease)
+        except Conflict:
+            raise self._busy("unknown", "the Lease changed while this step renewed it") from None
+        self._start_renewing()
+
+    def detach(self) -> None:
+        """Stop renewing and leave the Lease held (the run's next step or `pdops run end` takes over)."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    def _start_renewing(self) -> None:
         self._thread = threading.Thread(target=self._renew_loop, name="pdops-lease", daemon=True)
         self._thread.start()
 

@@ -22,7 +22,7 @@ from typing import Literal
 from kubernetes import client, config
 
 from validation.server_metrics import RAY_METRICS_LAG_S
-from workflows.names import ROLE_LABEL
+from workflows.names import ROLE_LABEL, RUN_LEASE_S
 from workflows.spec import Timeouts
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
 from workflows.targets.kube import golden_cache, objects as obj, reference as ref, traffic
@@ -30,7 +30,7 @@ from workflows.targets.kube.api import Kube
 from workflows.targets.kube.baseline import ROLE as BASELINE_ROLE, Baselines
 from workflows.targets.kube.capacity import PodNeed, place, rayservice_pods
 from workflows.targets.kube.history import HistoryStore, State
-from workflows.targets.kube.lease import LEASE_S, ReleaseLock
+from workflows.targets.kube.lease import LEASE_S, ReleaseLock, run_holder
 from workflows.targets.kube.readiness import event_lines, pod_problems, rayservice_state
 from workflows.targets.kube.slots import Slots
 
@@ -48,7 +48,8 @@ class KubernetesTarget(Slots, ref.References, Baselines):
                  dry_run: bool = False, api_client: client.ApiClient | None = None, poll_s: float = 5.0,
                  restore_timeout_s: float = _DEFAULT.restore_s, capacity_check: bool = True, lease_s: float = LEASE_S,
                  drain_grace_s: float = _DEFAULT.drain_s, metrics_lag_s: float = RAY_METRICS_LAG_S,
-                 reference_timeout_s: float = _DEFAULT.reference_s, budget_s: float | None = None) -> None:
+                 reference_timeout_s: float = _DEFAULT.reference_s, budget_s: float | None = None,
+                 run_id: str | None = None) -> None:
         """`api_client` replaces kubeconfig loading (tests point it at an emulator). `restore_timeout_s`
         bounds the waits rollback itself does and the drain on promote. `capacity_check=False` is for
         node groups that an autoscaler grows on demand. `reference_timeout_s` bounds the wait for the
@@ -56,6 +57,7 @@ class KubernetesTarget(Slots, ref.References, Baselines):
         (readiness, a RayService terminating, the drain) ends within it: an Argo step's share of the
         release's `timeouts` (release_cli.open_target), which its activeDeadlineSeconds contains."""
         self._ends = None if budget_s is None else time.monotonic() + budget_s
+        self.run_id = run_id   # an Argo run's id: session() holds that run's Lease (RUN_ENV)
         self.namespace, self.dry_run, self.poll_s = namespace, dry_run, poll_s
         self.restore_timeout_s, self.capacity_check, self.lease_s = restore_timeout_s, capacity_check, lease_s
         self.drain_grace_s, self.metrics_lag_s = drain_grace_s, metrics_lag_s
@@ -72,20 +74,29 @@ class KubernetesTarget(Slots, ref.References, Baselines):
 
     @contextmanager
     def session(self) -> Iterator[None]:
-        """Hold the Lease `pdops-release` (lease.py) for the whole release; dry runs store nothing and take no lock."""
+        """Hold the Lease `pdops-release` (lease.py) for the whole release; dry runs store nothing and take no lock.
+        A step of an Argo run ($PDOPS_RUN_ID) holds the run's Lease instead, taken by its first step
+        (`pdops run start`): it renews it while it runs and fails, naming the holder, when the run does
+        not hold it; the Lease stays held after it (the exit handler's `pdops run end` releases it)."""
         if self.dry_run:
             yield
             return
-        holder = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
-        lock = ReleaseLock(self.kube, holder, self.lease_s, min(self.poll_s, 1.0))
-        # session() has no progress; a takeover waits minutes
-        lock.acquire(lambda line: print(line, file=sys.stderr, flush=True))
+        if self.run_id:
+            lock = ReleaseLock(self.kube, run_holder(self.run_id), RUN_LEASE_S, min(self.poll_s, 1.0))
+            lock.hold()
+            done = lock.detach
+        else:
+            holder = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
+            lock = ReleaseLock(self.kube, holder, self.lease_s, min(self.poll_s, 1.0))
+            # session() has no progress; a takeover waits minutes
+            lock.acquire(lambda line: print(line, file=sys.stderr, flush=True))
+            done = lock.release
         self._lock = lock
         try:
             yield
         finally:
             self._lock = None
-            lock.release()
+            done()
 
     def reference(self, record: ReleaseRecord, prompts: list[str], max_tokens: int,
                   progress: Progress) -> list[dict] | None:
