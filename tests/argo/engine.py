@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +26,12 @@ class EngineStuck(Exception):
     """Argo would requeue this node forever (a variable that never resolves): the workflow hangs."""
 
 
+def _kill_when(condition: Callable[[], bool], kill: threading.Event) -> None:
+    while not kill.is_set() and not condition():
+        time.sleep(0.05)
+    kill.set()
+
+
 class NodeError(Exception):
     """Ends a node in phase Error with this message (markNodeError)."""
 
@@ -32,7 +39,8 @@ class NodeError(Exception):
 class Controller:
     def __init__(self, spec: WorkflowSpec, wf_name: str, runner: PodRunner, *, clock: Clock, work: Path,
                  repos: dict[str, Path], secrets: dict[str, dict[str, str]],
-                 kill_after: dict[str, float] | None = None, on_node: Callable[[Node], None] | None = None) -> None:
+                 kill_after: dict[str, float | Callable[[], bool]] | None = None,
+                 on_node: Callable[[Node], None] | None = None) -> None:
         self.spec, self.wf_name, self.runner, self.clock, self.work = spec, wf_name, runner, clock, work
         self.repos, self.secrets, self.kill_after = repos, secrets, kill_after or {}
         self.on_node = on_node
@@ -161,12 +169,18 @@ class Controller:
             return _done(node, "Failed", "Step exceeded its deadline", self.clock.now())
         kill = threading.Event()
         timer = None
-        if task in self.kill_after:
-            timer = threading.Timer(self.kill_after[task], kill.set)
+        when = self.kill_after.get(task)
+        if callable(when):   # killed once the cluster shows a state (e.g. the step has started something)
+            timer = threading.Thread(target=_kill_when, args=(when, kill), daemon=True)
+            timer.start()
+        elif when is not None:
+            timer = threading.Timer(when, kill.set)
             timer.start()
         result = self.runner.run(pod, kill)
-        if timer:
+        if isinstance(timer, threading.Timer):
             timer.cancel()
+        elif timer is not None:
+            kill.set()   # the pod ended first: stop watching
         node = _done(node, result.phase, result.message, self.clock.now())
         node.params, node.artifacts, node.log, node.has_outputs = result.params, result.artifacts, result.log, True
         node.exit_code = str(result.exit_code) if result.exit_code is not None else None

@@ -156,3 +156,24 @@ def test_canary_rollback_restores_the_previous_good_release(pipeline):
     assert "itl" in run.outputs.get("canary-summary", run.outputs.get("summary", "")).lower(), run.describe()
     assert [h["verdict"] for h in pipeline.history() if h["revision"][0] == "b"][-1] != "promote"
     assert [v for v, _, _ in verdict_series(run, "pd_canary")] == ["rollback"]
+
+
+def test_a_killed_canary_run_leaves_nothing_it_started(pipeline):
+    """Issue 22 item 3: the canary's exit handler (`pdops run end --remove-started`) deletes the
+    single-engine reference RayService a killed run started (with its GPUs) and releases the run's
+    Lease. validate-stable is SIGKILLed as soon as the reference RayService exists."""
+    from workflows.names import LOCK_NAME, ROLE_LABEL
+
+    pipeline.seed("a")
+
+    def started() -> bool:
+        return any((o["metadata"].get("labels") or {}).get(ROLE_LABEL)
+                   for o in pipeline.cluster.objects("rayservices", "llm-dev").values())
+
+    run = pipeline.submit("pd-canary.yaml", {}, kill_after={"validate-stable": started})
+    assert killed(run) and run.phase == "Failed", run.describe()
+    assert run.task("cleanup", on_exit=True).phase == "Succeeded", run.describe()
+    assert "removed pd-llm-reference" in run.task("cleanup", on_exit=True).log, run.describe()
+    assert pipeline.rayservices() == {"pd-llm-blue"} and pipeline.stable_colour() == "blue"
+    assert LOCK_NAME not in {n for n, o in pipeline.cluster.objects("leases", "llm-dev").items()
+                             if not o["metadata"].get("deletionTimestamp")}

@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tests.argo.engine import Controller
 from tests.argo.exprs import ExprError, eval_when
@@ -81,7 +82,7 @@ class Run:
 def run_workflow(spec: WorkflowSpec, runner: PodRunner, *, work: Path, parameters: dict[str, str] | None = None,
                  via: str = "cli", generate_name: str = "wf-", namespace: str = "pdops",
                  repos: dict[str, Path] | None = None, secrets: dict[str, dict[str, str]] | None = None,
-                 kill_after: dict[str, float] | None = None) -> Run:
+                 kill_after: dict[str, float | Callable[[], bool]] | None = None) -> Run:
     merged = validate_submission(spec, parameters or {}, via)
     name = generate_name + uuid.uuid4().hex[:5]
     clock = Clock()

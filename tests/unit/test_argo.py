@@ -107,7 +107,8 @@ def test_release_parameters_have_enums_or_say_free_text(release, canary):
 
 def test_release_dag_is_check_rollout_validate_then_promote_or_rollback(release):
     t = tasks(release["spec"], "release")
-    assert set(t) == {"check", "rollout", "validate", "promote", "rollback", "skip-to-rollback"}
+    assert set(t) == {"lock", "check", "rollout", "validate", "promote", "rollback", "skip-to-rollback"}
+    assert t["check"]["depends"] == t["skip-to-rollback"]["depends"] == "lock.Succeeded || lock.Skipped"
     assert t["rollout"]["depends"] == "check.Succeeded" and t["validate"]["depends"] == "rollout.Succeeded"
     verdict = "{{tasks.validate.outputs.parameters.verdict}}"
     assert t["promote"] | {"arguments": None} == {"name": "promote", "template": "promote", "arguments": None,
@@ -214,10 +215,26 @@ def test_deadlines_outlast_the_cli_timeouts(release, canary):
 def test_exit_handler_rolls_back_pending_candidate(release):
     spec = release["spec"]
     assert spec["onExit"] == "exit-handler"
-    (task,) = templates(spec)["exit-handler"]["dag"]["tasks"]
+    task, unlock = templates(spec)["exit-handler"]["dag"]["tasks"]
     assert task["when"] == "{{workflow.status}} != Succeeded"
     args = templates(spec)[task["template"]]["container"]["args"]
     assert args[0] == "rollback" and "--if-candidate-pending" in args
+    # then the run's Lease is released, whatever the rollback ended with
+    assert templates(spec)[unlock["template"]]["container"]["args"][:4] == ["run", "end", "--run-id", "{{workflow.name}}"]
+    assert all(f"rollback-if-pending.{s}" in unlock["depends"] for s in ("Succeeded", "Failed", "Errored", "Skipped"))
+
+
+def test_every_writing_step_holds_the_runs_lease(release, canary):
+    """The first task takes the Lease (`pdops run start`); every step runs with PDOPS_RUN_ID = the workflow name."""
+    for wf, entry in ((release, "release"), (canary, "canary")):
+        spec = wfspec(wf)
+        first = [t for t in tasks(spec, entry).values() if "depends" not in t]
+        assert [t["name"] for t in first] == ["lock"]
+        assert templates(spec)["lock"]["container"]["args"][:2] == ["run", "start"]
+        for tpl in spec["templates"]:
+            if (tpl.get("container") or {}).get("command") == ["pdops"]:
+                env = {e["name"]: e.get("value") for e in tpl["container"]["env"]}
+                assert env["PDOPS_RUN_ID"] == "{{workflow.name}}", tpl["name"]
 
 
 def test_mutex_per_environment(release, canary):
@@ -284,7 +301,11 @@ def test_canary_schedule_and_policy(canary):
 def test_canary_validates_stable_and_reacts_to_regression(canary):
     spec = canary["spec"]["workflowSpec"]
     p = params(spec)
-    assert p["on-regression"]["enum"] == ["rollback", "alert"] and p["on-regression"]["value"] == "alert"
+    assert p["on-regression"]["enum"] == ["rollback", "alert"] and p["on-regression"]["value"] == "rollback"
+    # the exit handler removes what the run started (reference/baseline RayServices) and releases the Lease
+    assert spec["onExit"] == "exit-handler"
+    (cleanup,) = templates(spec)["exit-handler"]["dag"]["tasks"]
+    assert "when" not in cleanup and "--remove-started" in templates(spec)[cleanup["template"]]["container"]["args"]
     assert p["environment"]["value"] == "prod"
     tpl = templates(spec)
     assert "rollout" not in tpl and "promote" not in tpl       # validates the stable release only
