@@ -25,6 +25,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # your mirror does not carry it, e.g. --build-arg PIP_EXTRA_INDEX_URL=<your torch cpu index>).
 ARG PIP_EXTRA_INDEX_URL=""
 
+# git: the validate step's balance advice proves its patch with `git apply` on a copy of the overlay
+# (workflows/advise_patch.py); without it the patch was dropped with one line in the summary.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends git \
+ && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /build
 COPY pyproject.toml README.md ./
 COPY scripts ./scripts

@@ -50,6 +50,9 @@ SRC = "/workspace/src"          # git input artifact (the revision under release
 OUT = "/tmp/out"                # each step's output-parameter files (step_outputs.write)
 RUN = "/tmp/run"                # validate's run folder (compat, bench, report), an artifact
 RUN_AS_USER = 10001              # matches the Dockerfile's user
+# Every step but validate: `pdops render overlays/prod` peaks at ~720 MiB (717 measured) with the cold cache a step pod
+# always has (scripts/step_memory.py; docs/measurements.md), so 1 GiB leaves ~30 % headroom (512 Mi: OOM-killed).
+STEP_MEMORY = "1Gi"
 P = "{{workflow.parameters.%s}}"
 OVERLAY = "overlays/" + P % "environment"
 ENV_NS = "llm-" + P % "environment"   # overlays/<env> use namespace llm-<env> (names.ENV_NAMESPACES)
@@ -154,12 +157,13 @@ def _source():
 
 def _step(name: str, args: list[str], *, command: list[str] | None = None, checkout: bool = True,
           inputs: list | None = None, outputs: list | None = None, retry: bool = True,
-          cpu: str = "250m", memory: str = "512Mi", api_key: bool = False):
+          cpu: str = "250m", memory: str | None = None, api_key: bool = False):
     """A container template running `pdops ARGS` in the step image (api_key: with $PDOPS_API_KEY)."""
     from hera.workflows import Container
 
     m = _hera()
     _, csc = _security()
+    memory = memory or STEP_MEMORY
     return Container(
         name=name,
         image=P % "step-image",

@@ -95,7 +95,10 @@ def test_efa_devices_are_counted(cluster, manifests):
     assert "vpc.amazonaws.com/efa=1" in refused.value.render()
 
 
-def test_terminating_pods_still_hold_their_gpus(cluster, manifests):
+def test_terminating_pods_are_not_counted_and_said_so(cluster, manifests):
+    """Issue 22 item 6: a terminating pod (deletionTimestamp set: the colour a promote retired, a deleted
+    reference) frees its GPUs once gone; counting it refused a rollout that fits seconds later. It is
+    not counted, and the progress names it (the new pods are scheduled when it is gone)."""
     for n in gpu_nodes(1):
         cluster.add_node(n)
     core = client.CoreV1Api(cluster.client("other-team"))
@@ -104,8 +107,10 @@ def test_terminating_pods_still_hold_their_gpus(cluster, manifests):
         _preload_content=False)
     core.delete_namespaced_pod("old", "default")
     assert cluster.objects("pods", "default")["old"]["metadata"]["deletionTimestamp"]
-    with pytest.raises(TargetError, match="does not fit"):
-        target(cluster, DEV_NS).apply(record(manifests, "dev"), Lines())
+    progress = Lines()
+    target(cluster, DEV_NS).apply(record(manifests, "dev"), progress)
+    assert any("not counted: 1 terminating pod(s) (default/old)" in line for line in progress), progress
+    assert set(live(cluster, "rayservices", DEV_NS)) == {"pd-llm-blue"}
 
 
 def test_capacity_check_degrades_when_nodes_are_forbidden(cluster, manifests):
@@ -114,3 +119,25 @@ def test_capacity_check_degrades_when_nodes_are_forbidden(cluster, manifests):
     target(cluster, DEV_NS).apply(record(manifests, "dev"), progress)
     assert any("skipped: listing nodes and pods cluster-wide is forbidden" in line and "pdops-node-reader" in line for line in progress)
     assert set(live(cluster, "rayservices", DEV_NS)) == {"pd-llm-blue"}
+
+
+def test_without_the_node_reader_an_unschedulable_reference_fails_fast_with_the_fix(cluster, manifests):
+    """Issue 22 item 6: the capacity check is forbidden (no pdops-node-reader ClusterRole), so nothing checked
+    that the reference's decode pod fits; once the scheduler calls it Unschedulable the reference is
+    skipped at once with the fix, not after reference_timeout_s (1800 s by default) of Pending."""
+    import time
+
+    for n in gpu_nodes(1):
+        cluster.add_node(n)
+    t = target(cluster, DEV_NS, reference_timeout_s=600)
+    rec = record(manifests, "dev")
+    release(t, rec)
+    # the only decode node serves the stable release: the reference's decode pod has no room
+    cluster.faults.forbidden = {"nodes"}
+    progress = Lines()
+    started = time.monotonic()
+    with t.reference_server(t.status().stable.release, progress) as url:
+        took = time.monotonic() - started
+    assert not isinstance(url, str), progress
+    assert "Unschedulable" in url.reason and "pdops-node-reader" in url.reason, url
+    assert took < 60, took

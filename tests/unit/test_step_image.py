@@ -96,3 +96,12 @@ def test_the_image_environment_runs_every_step_command(image_venv):
     for (sub,) in sorted(step_subcommands()):
         helped = run_step(image_venv, sub, "--help")
         assert helped.returncode == 0 and "usage: pdops" in helped.stdout, (sub, helped.stderr[-2000:])
+
+
+def test_the_image_carries_git_for_the_advice_patch():
+    """Issue 22 item 6: the balance advice's patch is made with git (workflows/advise_patch.py); the image installs
+    it from the base image's Debian archive, and nothing else that way."""
+    runs = [ln for ln in DOCKERFILE.read_text().replace("\\\n", " ").splitlines() if ln.startswith("RUN ")]
+    apt = [r for r in runs if "apt-get install" in r]
+    assert len(apt) == 1 and re.search(r"--no-install-recommends\s+git\s+&&", apt[0]), apt
+    assert "rm -rf /var/lib/apt/lists/*" in apt[0]

@@ -72,6 +72,7 @@ class Baselines:
     _check_lock: Callable[[], None]
     _wait_gone: Callable[..., None]
     _room: Callable[..., list[str]]
+    _unplaceable: Callable[[str], str | None]
     _serve_endpoints: Callable[[str], int]
 
     @contextmanager
@@ -131,6 +132,8 @@ class Baselines:
             if found.detail != last:
                 progress(f"[baseline] {name}: {found.detail} ({elapsed:.0f}s)")
                 last = found.detail
+            if (stuck := self._unplaceable(ROLE)) is not None:
+                return f"baseline RayService {name} cannot start: {stuck}"
             if found.terminal or elapsed >= self.reference_timeout_s:
                 what = "failed" if found.terminal else f"not ready after {self.reference_timeout_s:.0f}s"
                 problems = [line for pod in self.kube.list("Pod", {ROLE_LABEL: ROLE}) for line in pod_problems(pod)]

@@ -75,13 +75,16 @@ def _tolerates(pod: PodNeed, node: dict[str, Any]) -> bool:
 
 
 def free_by_node(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, dict[str, Decimal]]:
-    """Allocatable minus what bound, not finished pods request, per schedulable node."""
+    """Allocatable minus what bound, not finished, not terminating pods request, per schedulable node."""
     free = {n["metadata"]["name"]: {r: parse_quantity(v)
                                     for r, v in ((n.get("status") or {}).get("allocatable") or {}).items()}
             for n in nodes if _schedulable(n)}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
-        if node not in free or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        # terminating pods (deletionTimestamp set: a retired colour, a deleted reference) free their node soon:
+        # the pods waiting for them are scheduled then, so they do not count against what fits
+        if (node not in free or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+                or (pod.get("metadata") or {}).get("deletionTimestamp")):
             continue
         for name, value in _requests(pod.get("spec") or {}).items():
             free[node][name] = free[node].get(name, Decimal(0)) - value
@@ -115,4 +118,9 @@ def place(wanted: list[PodNeed], nodes: list[dict[str, Any]],
         for r, v in pod.requests.items():
             free[node][r] = free[node].get(r, Decimal(0)) - v
         placed.append(f"{pod.name} -> {node}")
+    leaving = sorted(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}" for p in pods
+                     if (p.get("metadata") or {}).get("deletionTimestamp") and (p.get("spec") or {}).get("nodeName"))
+    if leaving:   # kube-scheduler still counts them until they are gone: the pods above wait for that
+        placed.append(f"not counted: {len(leaving)} terminating pod(s) ({', '.join(leaving[:5])}): their resources "
+                      "are free once they are gone, and the new pods are scheduled then")
     return placed, short

@@ -95,6 +95,7 @@ class References:
     _check_lock: Callable[[], None]
     _wait_gone: Callable[..., None]
     _room: Callable[..., list[str]]
+    _unplaceable: Callable[[str], str | None]
 
     @contextmanager
     def reference_server(self, record: ReleaseRecord, progress: Progress) -> Iterator[str | Skipped]:
@@ -160,6 +161,8 @@ class References:
             if found.detail != last:
                 progress(f"[reference] {name}: {found.detail} ({elapsed:.0f}s)")
                 last = found.detail
+            if (stuck := self._unplaceable(ROLE)) is not None:
+                return None, f"reference RayService {name} cannot start: {stuck}"
             if found.terminal or elapsed >= self.reference_timeout_s:
                 what = "failed" if found.terminal else f"not ready after {self.reference_timeout_s:.0f}s"
                 return None, f"reference RayService {name} {what}: {found.detail}" + "".join(

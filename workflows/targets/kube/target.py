@@ -58,6 +58,7 @@ class KubernetesTarget(Slots, ref.References, Baselines):
         release's `timeouts` (release_cli.open_target), which its activeDeadlineSeconds contains."""
         self._ends = None if budget_s is None else time.monotonic() + budget_s
         self.run_id = run_id   # an Argo run's id: session() holds that run's Lease (RUN_ENV)
+        self._capacity_forbidden = False   # _room could not list nodes: placement is unknown
         self.namespace, self.dry_run, self.poll_s = namespace, dry_run, poll_s
         self.restore_timeout_s, self.capacity_check, self.lease_s = restore_timeout_s, capacity_check, lease_s
         self.drain_grace_s, self.metrics_lag_s = drain_grace_s, metrics_lag_s
@@ -266,11 +267,27 @@ class KubernetesTarget(Slots, ref.References, Baselines):
             progress(f"[{step}] capacity check skipped: listing nodes and pods cluster-wide is forbidden (the "
                      "pd-release Role is namespaced). Bind the ClusterRole `pdops-node-reader` "
                      "(docs/kubernetes.md#install-on-eks, step 7) to enable the check")
+            self._capacity_forbidden = True
             return []
         placed, short = place(wanted, nodes, pods)
         for line in placed:
             progress(f"[{step}] {line}")
         return short
+
+    def _unplaceable(self, role: str) -> str | None:
+        """Without the node-reader ClusterRole nothing checked that the `role` pods fit: one the scheduler
+        calls Unschedulable will not start (no autoscaler is assumed: capacity_check is on), so say so now,
+        with the fix, instead of waiting the whole reference timeout."""
+        if not self._capacity_forbidden:
+            return None
+        for pod in self.kube.list("Pod", {ROLE_LABEL: role}):
+            for cond in (pod.get("status") or {}).get("conditions") or []:
+                if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                    return (f"pod {pod['metadata']['name']} is Unschedulable ({cond.get('message', '')}) and its "
+                            "room could not be checked: bind the ClusterRole `pdops-node-reader` "
+                            "(docs/kubernetes.md#install-on-eks, step 7) so pdops checks room before it starts, "
+                            "or free a node for it")
+        return None
 
     def _check_capacity(self, candidate: ReleaseRecord, progress: Progress) -> None:
         """Every pod of the candidate must fit on some node next to what is already there (capacity.py):
