@@ -74,6 +74,12 @@ def image_src(argo_root, revision):
 
 @pytest.fixture(scope="session")
 def runner(argo_root, image_src):
+    # Every pod mounts its own emptyDir over /tmp (pod.py), which hides a venv under /tmp: the steps'
+    # `pdops` then fails with "python: not found" (seen: a clone in /tmp/alone). Say so once, up front.
+    for path in (Path(sys.executable), ROOT):
+        if Path("/tmp") in path.resolve().parents:
+            pytest.fail(f"the Argo tier cannot run from {path}: every pod mounts an emptyDir over /tmp, "
+                        "which hides it; clone the project outside /tmp (e.g. /var/tmp or $HOME)", pytrace=False)
     def make(kubeconfig: Path | None = None, hosts: dict[str, str] | None = None) -> PodRunner:
         return PodRunner(argo_root / "runner", python=sys.executable, image_src=image_src, kubeconfig=kubeconfig,
                          hosts=hosts or {}, schema_dir=SCHEMAS, dockerfile=ROOT / "Dockerfile")
