@@ -251,6 +251,26 @@ class BlockQuantile:
         return self.at(self.q - t_of(lower_conf, df) * self.se_p), self.at(self.q + t_of(upper_conf, df) * self.se_p)
 
 
+def clustered_share(hits: np.ndarray, blocks: Sequence[int] | np.ndarray, q: float) -> tuple[float, float, int]:
+    """The share of `hits` (booleans, one per sample) and its standard error with blocks as clusters
+    (ids aligned with the samples; any order), and the number of blocks. The SE is never below the
+    binomial SE of independent draws at a share of q (ties, or no hit in any block, would shrink it;
+    correlation within blocks only adds to it); infinite with fewer than 2 blocks."""
+    ids = np.asarray(blocks)
+    n = len(hits)
+    if n == 0:
+        raise ValueError("no samples")
+    if len(ids) != n:
+        raise ValueError(f"{len(ids)} block ids for {n} samples")
+    _, inv = np.unique(ids, return_inverse=True)
+    totals, sizes = np.bincount(inv, weights=np.asarray(hits, dtype=float)), np.bincount(inv).astype(float)
+    k = len(sizes)
+    share = float(totals.sum() / n)
+    se = max(math.sqrt(k / (k - 1) * float(np.sum((totals - share * sizes) ** 2))) / n,
+             math.sqrt(q * (1 - q) / n)) if k > 1 else math.inf
+    return share, se, k
+
+
 @dataclass(frozen=True)
 class Exceedance:
     """The share of samples above a limit, with its block-clustered standard error: the test of
@@ -281,39 +301,16 @@ def exceedance(samples: Floats, blocks: Sequence[int] | np.ndarray, limit: float
     the limit, the clustering there cannot be measured, and independent requests are assumed (a
     one-sided 95 % bound of about 3/n at zero above, the rule of three, for n large)."""
     v = np.asarray(samples, dtype=float)
-    ids = np.asarray(blocks)
-    if len(v) == 0:
-        raise ValueError("no samples")
-    if len(ids) != len(v):
-        raise ValueError(f"{len(ids)} block ids for {len(v)} samples")
-    _, inv = np.unique(ids, return_inverse=True)
-    over = (v > limit).astype(float)
-    totals, sizes = np.bincount(inv, weights=over), np.bincount(inv).astype(float)
-    k, n = len(sizes), len(v)
-    share = float(over.sum() / n)
-    se = max(math.sqrt(k / (k - 1) * float(np.sum((totals - share * sizes) ** 2))) / n,
-             math.sqrt(q * (1 - q) / n)) if k > 1 else math.inf
-    return Exceedance(share, int(over.sum()), se, k, n)
+    over = v > limit
+    share, se, k = clustered_share(over, blocks, q)
+    return Exceedance(share, int(over.sum()), se, k, len(v))
 
 
 def quantile_ci_blocks(samples: Floats, blocks: Sequence[int] | np.ndarray, q: float) -> BlockQuantile:
     """The q-quantile of samples that come in blocks (block ids aligned with the samples; any order)
     and the block-clustered variance of the empirical CDF at it, for `BlockQuantile.bounds`."""
     v = np.asarray(samples, dtype=float)
-    ids = np.asarray(blocks)
-    if len(v) == 0:
-        raise ValueError("no samples")
-    if len(ids) != len(v):
-        raise ValueError(f"{len(ids)} block ids for {len(v)} samples")
     s = np.sort(v)
-    est = quantile(s, q)
-    _, inv = np.unique(ids, return_inverse=True)
-    below = np.bincount(inv, weights=(v <= est).astype(float))
-    sizes = np.bincount(inv).astype(float)
-    k, n = len(sizes), len(v)
-    p = float(below.sum() / n)
-    # never below the binomial variance of independent draws (ties at the estimate would shrink it;
-    # correlation within blocks only adds to it)
-    se = max(math.sqrt(k / (k - 1) * float(np.sum((below - p * sizes) ** 2)) / n ** 2),
-             math.sqrt(q * (1 - q) / n)) if k > 1 else math.inf
-    return BlockQuantile(est, q, p, se, k, n, s)
+    est = quantile(s, q) if len(v) else math.nan
+    p, se, k = clustered_share(v <= est, blocks, q)
+    return BlockQuantile(est, q, p, se, k, len(v), s)
