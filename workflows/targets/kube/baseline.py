@@ -31,9 +31,9 @@ from typing import Any
 
 from validation.interleave import foreign_requests
 from workflows.names import REVISION_ANNOTATION, ROLE_LABEL
-from workflows.targets.base import Baseline, Progress, ReleaseRecord, Skipped, TargetError
+from workflows.targets.base import Baseline, Progress, ReleaseRecord, Skipped
 from workflows.targets.kube import objects as obj, traffic
-from workflows.targets.kube.readiness import event_lines, pod_problems, rayservice_state
+from workflows.targets.kube.readiness import rayservice_state
 
 ROLE = COLOUR = "baseline"
 
@@ -74,6 +74,8 @@ class Baselines:
     _room: Callable[..., list[str]]
     _unplaceable: Callable[[str], str | None]
     _serve_endpoints: Callable[[str], int]
+    _role_diagnosis: Callable[[str, str], list[str]]     # reference.References
+    _delete_owned: Callable[..., None]                   # reference.References
 
     @contextmanager
     def baseline_server(self, record: ReleaseRecord, progress: Progress) -> Iterator[Baseline | Skipped]:
@@ -98,7 +100,7 @@ class Baselines:
                 release=record.short(), void_reason=foreign_requests,
                 how=f"RayService {name}, the stable render at its own size, reached only by the benchmark")
         finally:
-            self._delete_baseline(name, uid, progress)
+            self._delete_owned(name, uid, progress, "baseline")
 
     def remove_baselines(self, progress: Progress, step: str = "baseline") -> list[str]:
         """Delete every baseline RayService in the namespace (a killed run's) and wait until gone.
@@ -136,22 +138,7 @@ class Baselines:
                 return f"baseline RayService {name} cannot start: {stuck}"
             if found.terminal or elapsed >= self.reference_timeout_s:
                 what = "failed" if found.terminal else f"not ready after {self.reference_timeout_s:.0f}s"
-                problems = [line for pod in self.kube.list("Pod", {ROLE_LABEL: ROLE}) for line in pod_problems(pod)]
                 return f"baseline RayService {name} {what}: {found.detail}" + "".join(
-                    f"; {line}" for line in (problems + event_lines(self.kube.list("Event"), name, 3))[:4])
+                    f"; {line}" for line in self._role_diagnosis(name, ROLE)[:4])
             time.sleep(self.poll_s)
 
-    def _delete_baseline(self, name: str, uid: str, progress: Progress) -> None:
-        """Delete ours (uid precondition) and wait until KubeRay's finalizer has let it go."""
-        for attempt in range(3):
-            try:
-                if self.kube.delete("RayService", name, uid=uid):
-                    progress(f"[baseline] deleted RayService/{name}")
-                self._wait_gone(name, progress, "baseline")
-                return
-            except TargetError as exc:
-                if getattr(exc, "status", None) == 409:   # another run's object of that name now: not ours
-                    return
-                progress(f"[baseline] deleting RayService/{name} failed ({exc.problem}); "
-                         + ("retrying" if attempt < 2 else "the next release or `pdops rollback` removes it"))
-                time.sleep(self.poll_s)

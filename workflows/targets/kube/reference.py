@@ -126,7 +126,7 @@ class References:
                 progress(f"[reference] skipped: {why}")
             yield url or Skipped(why)
         finally:
-            self._delete_reference(name, uid, progress)
+            self._delete_owned(name, uid, progress)
 
     def remove_references(self, progress: Progress, step: str = "reference") -> list[str]:
         """Delete every reference RayService in the namespace (a killed run's) and wait until gone."""
@@ -166,7 +166,7 @@ class References:
             if found.terminal or elapsed >= self.reference_timeout_s:
                 what = "failed" if found.terminal else f"not ready after {self.reference_timeout_s:.0f}s"
                 return None, f"reference RayService {name} {what}: {found.detail}" + "".join(
-                    f"; {line}" for line in self._reference_diagnosis(name)[:4])
+                    f"; {line}" for line in self._role_diagnosis(name)[:4])
             time.sleep(self.poll_s)
 
     def _serve_endpoints(self, service: str) -> int:
@@ -174,22 +174,24 @@ class References:
         return sum(1 for s in slices for e in s.get("endpoints") or []
                    if (e.get("conditions") or {}).get("ready") is not False)
 
-    def _reference_diagnosis(self, name: str) -> list[str]:
-        out = [line for pod in self.kube.list("Pod", {ROLE_LABEL: ROLE}) for line in pod_problems(pod)]
+    def _role_diagnosis(self, name: str, role: str = ROLE) -> list[str]:
+        """Why RayService `name` of `role` (reference, baseline) does not serve: its pods' problems, then its events."""
+        out = [line for pod in self.kube.list("Pod", {ROLE_LABEL: role}) for line in pod_problems(pod)]
         return out + event_lines(self.kube.list("Event"), name, 3)
 
-    def _delete_reference(self, name: str, uid: str, progress: Progress) -> None:
-        """Delete ours (uid precondition) and wait until KubeRay's finalizer has let it go; a lost lock
-        does not stop this (the object is ours whoever holds the lock now)."""
+    def _delete_owned(self, name: str, uid: str, progress: Progress, step: str = ROLE) -> None:
+        """Delete our RayService `name` (uid precondition) and wait until KubeRay's finalizer has let it go;
+        a lost lock does not stop this (the object is ours whoever holds the lock now). `step`: reference
+        or baseline, for the progress lines."""
         for attempt in range(3):
             try:
                 if self.kube.delete("RayService", name, uid=uid):
-                    progress(f"[reference] deleted RayService/{name}")
-                self._wait_gone(name, progress, "reference")
+                    progress(f"[{step}] deleted RayService/{name}")
+                self._wait_gone(name, progress, step)
                 return
             except TargetError as exc:
                 if getattr(exc, "status", None) == 409:   # another run's object of that name now: not ours
                     return
-                progress(f"[reference] deleting RayService/{name} failed ({exc.problem}); "
+                progress(f"[{step}] deleting RayService/{name} failed ({exc.problem}); "
                          + ("retrying" if attempt < 2 else "the next release or `pdops rollback` removes it"))
                 time.sleep(self.poll_s)
