@@ -113,23 +113,29 @@ def parse_yaml(text: str, file: str | os.PathLike[str]) -> list[Any]:
     return docs
 
 
-def read_yaml_file(path: Path, max_bytes: int = MAX_SPEC_BYTES) -> Any:
-    """YAML from a user file, with errors that say where; one document only, size-bounded."""
+def read_text_input(path: Path, max_bytes: int, kind: str, missing_fix: str, too_big_fix: str) -> str:
+    """A user's text file (`kind`: "a YAML file", "a JSONL file"), size-bounded and UTF-8, with errors
+    that name the file and the fix."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise InputError(path, "", "file not found", "create it or pass the right path") from None
+        raise InputError(path, "", "file not found", missing_fix) from None
     except IsADirectoryError:
-        raise InputError(path, "", "is a directory, expected a YAML file") from None
+        raise InputError(path, "", f"is a directory, expected {kind}") from None
     except OSError as exc:
         raise InputError(path, "", f"cannot read: {exc.strerror}") from None
     if len(raw) > max_bytes:
-        raise InputError(path, "", f"file is {len(raw)} bytes, the limit is {max_bytes}",
-                         "a release spec is a short file; move data elsewhere")
+        raise InputError(path, "", f"file is {len(raw)} bytes, the limit is {max_bytes}", too_big_fix)
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(path, "", f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from None
+
+
+def read_yaml_file(path: Path, max_bytes: int = MAX_SPEC_BYTES) -> Any:
+    """YAML from a user file, with errors that say where; one document only, size-bounded."""
+    text = read_text_input(path, max_bytes, "a YAML file", "create it or pass the right path",
+                           "a release spec is a short file; move data elsewhere")
     docs = parse_yaml(text, path)
     if len(docs) != 1:
         raise InputError(path, "", f"expected exactly one YAML document, found {len(docs)}")

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from validation.diff.models import Answer, Case, Expect
 from validation.errors import InputError
+from validation.yaml_input import read_text_input
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_CASES = 1000
@@ -27,20 +28,8 @@ MAX_CASES = 1000
 def load(path: str | Path) -> list[Case]:
     """Every line of a scenarios file as a Case; any bad line is bad input naming FILE and line."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(path, "", "file not found", "pass a JSONL file (one request body per line)") from None
-    except IsADirectoryError:
-        raise InputError(path, "", "is a directory, expected a JSONL file") from None
-    except OSError as exc:
-        raise InputError(path, "", f"cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_BYTES:
-        raise InputError(path, "", f"file is {len(raw)} bytes, the limit is {MAX_BYTES}", "split it into files")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(path, "", f"not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from None
+    text = read_text_input(path, MAX_BYTES, "a JSONL file", "pass a JSONL file (one request body per line)",
+                           "split it into files")
     cases: list[Case] = []
     names: set[str] = set()
     for n, line in enumerate(text.splitlines(), 1):
