@@ -12,18 +12,25 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# file stems that hold a listed function before or after the layout move, whichever is absent
+MOVED_AWAY = {stem for stem in ("argo", "definitions")
+              if not any(p.stem == stem for p in (ROOT / "workflows").rglob("*.py"))}
 MAX_LINES, LONG_LINES, MAX_LONG = 90, 60, 3
 
-# "path:qualified name" -> lines today; to be emptied (issue 23)
+# "module file stem.qualified name" -> lines today; to be emptied (issue 23). Keyed without the folder
+# so that the workflows/ layout move (workflows/steps.py -> workflows/pipeline/steps.py) keeps the key;
+# workflows/argo.py becomes workflows/argo/definitions.py, so both stems are listed for its two.
 STILL_LONG: dict[str, int] = {
-    "workflows/steps.py:validate_candidate": 142,
-    "validation/loadgen.py:run_load": 96,
-    "workflows/steps.py:release": 81,
-    "workflows/argo.py:build_release": 80,
-    "workflows/argo.py:build_canary": 75,
-    "validation/loadgen.py:parse_record": 69,
-    "validation/cli.py:cmd_bench": 68,
-    "validation/cli.py:register": 67,
+    "steps.validate_candidate": 142,
+    "loadgen.run_load": 96,
+    "steps.release": 81,
+    "argo.build_release": 80,
+    "argo.build_canary": 75,
+    "definitions.build_release": 80,
+    "definitions.build_canary": 75,
+    "loadgen.parse_record": 69,
+    "cli.cmd_bench": 68,
+    "cli.register": 67,
 }
 
 
@@ -37,7 +44,7 @@ def _counter():
 
 
 def _long() -> dict[str, int]:
-    return {f"{f.path}:{f.name}": f.lines for f in _counter().function_lengths(ROOT) if f.lines > LONG_LINES}
+    return {f"{Path(f.path).stem}.{f.name}": f.lines for f in _counter().function_lengths(ROOT) if f.lines > LONG_LINES}
 
 
 def test_no_function_is_over_90_lines_and_at_most_three_over_60():
@@ -53,7 +60,7 @@ def test_the_known_long_functions_only_shrink():
     long = _long()
     grown = {k: (long[k], n) for k, n in STILL_LONG.items() if long.get(k, 0) > n}
     assert grown == {}, "(lines now, lines allowed): split them rather than grow them"
-    fixed = sorted(k for k in STILL_LONG if k not in long)
+    fixed = sorted(k for k in STILL_LONG if k not in long and k.split(".")[0] not in MOVED_AWAY)
     assert fixed == [], "these are 60 lines or fewer now: remove them from STILL_LONG"
 
 
