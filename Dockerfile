@@ -1,4 +1,4 @@
-# Step image for the Argo pipeline (workflows/argo.py): ghcr.io/pdops/pdops-step:<version>.
+# Step image for the Argo pipeline (workflows/argo/definitions.py): ghcr.io/pdops/pdops-step:<version>.
 # Runs `pdops <step> ...`; no secrets are baked in (cluster credentials come from the pod's
 # ServiceAccount token, the git checkout is done by Argo's init container).
 #
@@ -26,7 +26,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 ARG PIP_EXTRA_INDEX_URL=""
 
 # git: the validate step's balance advice proves its patch with `git apply` on a copy of the overlay
-# (workflows/advise_patch.py); without it the patch was dropped with one line in the summary.
+# (workflows/pipeline/advise_patch.py); without it the patch was dropped with one line in the summary.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends git \
  && rm -rf /var/lib/apt/lists/*

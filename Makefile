@@ -54,4 +54,4 @@ test-faults: setup
 	.venv/bin/python -m pytest -q -rP -m e2e tests/e2e/test_faults_local.py
 
 bench-render: setup
-	.venv/bin/python -m workflows.bench_render
+	.venv/bin/python -m workflows.render.bench_render

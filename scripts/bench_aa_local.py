@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from workflows import steps  # noqa: E402
+from workflows.pipeline import steps  # noqa: E402
 from workflows.targets.base import TargetError  # noqa: E402
 from workflows.targets.local import LocalTarget  # noqa: E402
 

@@ -34,7 +34,7 @@ def check(overlay: Path, env: dict[str, str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one `pdops check` process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "workflows.cli", "check", str(overlay)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "workflows.cli.main", "check", str(overlay)], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     took = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

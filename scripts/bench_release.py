@@ -54,7 +54,7 @@ class PeakMemory:
 def release(env: dict, overlay: Path) -> tuple[dict, float, PeakMemory]:
     started = time.monotonic()
     with PeakMemory() as mem:
-        proc = subprocess.run([sys.executable, "-m", "workflows.cli", "release", "--overlay", str(overlay), "--json"],
+        proc = subprocess.run([sys.executable, "-m", "workflows.cli.main", "release", "--overlay", str(overlay), "--json"],
                               env=env, cwd=ROOT, capture_output=True, text=True)
     took = time.monotonic() - started
     if not proc.stdout.strip():
@@ -128,7 +128,7 @@ def main() -> int:
                   f"{q(b['tpot_ms'], 'p50'):>9} {q(b['tpot_ms'], 'p90'):>9}")
         print(f"  golden tokens: {golden['matched']}/{golden['prompts']} prompts equal, {golden['tokens_compared']} tokens")
     finally:
-        subprocess.run([sys.executable, "-m", "workflows.cli", "down"], env=env, cwd=ROOT, capture_output=True)
+        subprocess.run([sys.executable, "-m", "workflows.cli.main", "down"], env=env, cwd=ROOT, capture_output=True)
         print(f"\n(PDOPS_HOME {home} kept for its logs; run folders under runs/)")
     return 0
 

@@ -2,7 +2,7 @@
 """Generates the parts of the manual that code already knows, so they cannot drift from it.
 
   docs/cli.md            every `pdops` command and subcommand with its --help, from the argparse
-                         parsers themselves (workflows.cli.build_parser, the parser `pdops` runs)
+                         parsers themselves (workflows.cli.main.build_parser, the parser `pdops` runs)
   docs/schemas/*.md      one page per published report schema (validation/schemas/*.schema.json,
                          which `pdops schema --check` keeps equal to the report models)
 
@@ -56,14 +56,14 @@ def _command_sections(parser: argparse.ArgumentParser, level: int = 2) -> list[s
 
 
 def cli_page() -> str:
-    from workflows.cli import build_parser
+    from workflows.cli.main import build_parser
 
     parser = build_parser()
     rows = ["| command | what it does |", "| --- | --- |"]
     for _name, summary, sub in _subcommands(parser):
         anchor = sub.prog.replace(" ", "-")
         rows.append(f"| [`{sub.prog}`](#{anchor}) | {summary.replace('|', '&#124;')} |")
-    parts = [HEADER.format(src="the parsers of `pdops` (workflows.cli.build_parser)"),
+    parts = [HEADER.format(src="the parsers of `pdops` (workflows.cli.main.build_parser)"),
              "# CLI reference\n",
              "Every command and flag, as `pdops COMMAND --help` prints them. Exit codes: 0 clean, promoted or "
              "unchanged; 1 findings, rolled back or failed; 2 bad input (the message names the file, the field "

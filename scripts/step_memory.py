@@ -1,9 +1,9 @@
 """Peak memory of a step command, as a pod's memory limit sees it (the step image's cold cache).
 
-A step pod's HOME is a fresh emptyDir (workflows/argo.py `_volumes`, HOME=/tmp), so every step runs
-with a cold cache (workflows/cache.py): this runs the command with HOME and XDG_CACHE_HOME in a new
+A step pod's HOME is a fresh emptyDir (workflows/argo/definitions.py `_volumes`, HOME=/tmp), so every step runs
+with a cold cache (workflows/render/cache.py): this runs the command with HOME and XDG_CACHE_HOME in a new
 empty folder, samples the resident memory of its whole process tree (pdops and the kubectl/kustomize
-it starts) every 20 ms, and prints the peak, the limit the steps carry (workflows/argo.py
+it starts) every 20 ms, and prints the peak, the limit the steps carry (workflows/argo/definitions.py
 STEP_MEMORY) and the headroom. A report: it exits 1 only when the peak exceeds the limit.
 
     .venv/bin/python scripts/step_memory.py                      # pdops render overlays/prod (default)
@@ -56,9 +56,9 @@ def main() -> int:
     parser.add_argument("command", nargs="*", help="the step command (default: pdops render overlays/prod)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from workflows.argo import STEP_MEMORY
+    from workflows.argo.definitions import STEP_MEMORY
 
-    pdops = [sys.executable, "-m", "workflows.cli"]
+    pdops = [sys.executable, "-m", "workflows.cli.main"]
     command = args.command or ["pdops", "render", "overlays/prod", "-o", os.devnull]
     if command[0] == "pdops":
         command = pdops + command[1:]

@@ -15,7 +15,7 @@ SCHEMAS = Path(os.environ.get("PDOPS_SCHEMA_DIR") or ROOT / "workflows" / "data"
 
 @pytest.fixture(scope="session", autouse=True)
 def _own_check_cache(tmp_path_factory):
-    """Tests start from an empty check cache (workflows/cache.py), never the user's."""
+    """Tests start from an empty check cache (workflows/render/cache.py), never the user's."""
     before = os.environ.get("PDOPS_CACHE_DIR")
     os.environ["PDOPS_CACHE_DIR"] = str(tmp_path_factory.mktemp("pdops-cache"))
     yield
@@ -27,7 +27,7 @@ def _own_check_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def rendered_overlays():
-    from workflows.manifest import render
+    from workflows.render.manifest import render
 
     return {env: render(ROOT / "overlays" / env) for env in OVERLAYS}
 

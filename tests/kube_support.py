@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.fakes.kube import start_cluster
-from workflows.manifest import dump_manifest, render
+from workflows.render.manifest import dump_manifest, render
 from workflows.targets.base import ReleaseRecord
 from workflows.targets.kubernetes import KubernetesTarget
 

@@ -184,7 +184,7 @@ def _reader(args) -> ReleaseReader:
     read = getattr(args, "read_release", None)
     if read is None:
         raise InputError("command line", "--release", "this entry point reads no release.yaml",
-                         "run the command as `pdops` (workflows/cli.py), which reads the release spec")
+                         "run the command as `pdops` (workflows/cli/main.py), which reads the release spec")
     return read
 
 
@@ -211,7 +211,7 @@ def cmd_gate(args) -> int:
         slo = slo.model_copy(update={"statistics": slo.statistics.model_copy(
             update={"inconclusive": args.inconclusive, "max_looks": 1})})
     try:
-        unpriced = spec.price(benches)   # $ per run on the overlay's nodes (workflows/pricing.py add_costs)
+        unpriced = spec.price(benches)   # $ per run on the overlay's nodes (workflows/pipeline/pricing.py add_costs)
         if unpriced:
             _err(unpriced)
         # one run of each load is all this command has: with inconclusive: extend it judges the

@@ -1,6 +1,6 @@
 """What a release says about its own validation: SLO gates and load, kept in git in release.yaml.
 
-The release spec (workflows/spec.py) embeds these models; `pdops gate`, `pdops bench` and
+The release spec (workflows/spec/release.py) embeds these models; `pdops gate`, `pdops bench` and
 `pdops compat` read them, so a threshold has exactly one home.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ Tokens are the server's usage counts (prompt_tokens, completion_tokens) of succe
 over the run's wall time; the run is the release's whole throughput, so every phase is charged
 for the same tokens. The CPU head pod on the system node group is not priced. Prices come from
 workflows/data/prices.yaml (region, date, source in the file) overridden by the spec's `cost`:
-that side, which reads the release, is workflows/pricing.py (validation/ imports nothing of workflows/).
+that side, which reads the release, is workflows/pipeline/pricing.py (validation/ imports nothing of workflows/).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from validation.reports.bench import BenchReport
 from validation.reports.cost import Cost, PhaseCost, Rates, Throughput
 from validation.reports.decision import Check
 
-PHASES = ("prefill", "decode")   # the same two as workflows/serve_config.py PHASES
+PHASES = ("prefill", "decode")   # the same two as workflows/render/serve_config.py PHASES
 FORMULA = "phase nodes x $/hour / (measured tokens/s x 3600) x 1e6; per 1,000 requests likewise"
 
 
@@ -41,7 +41,7 @@ def cost_of(bench: BenchReport | dict[str, Any], nodes: dict[str, tuple[str, flo
             price: Callable[[str], tuple[float | None, str]], phases: Sequence[str] = PHASES) -> Cost:
     """The run's cost from typed inputs: `nodes` maps a phase to (instance type, nodes it holds),
     `price` an instance type to (USD per hour or None, where it comes from / why not). The release's
-    side (which nodes, which prices) is workflows/pricing.py. A null per-unit figure: that
+    side (which nodes, which prices) is workflows/pipeline/pricing.py. A null per-unit figure: that
     throughput was zero; Cost.missing says so."""
     b = BenchReport.coerce(bench)
     tput = Throughput(input_tokens_per_s=b.input_token_throughput_tps or 0.0,

@@ -365,7 +365,8 @@ def decide(compat_in: CompatReport | dict[str, Any] | None, benches_in: Sequence
     `planned`: the release's loads (validation.load); a missing or unplanned load fails the `loads`
     check, and the false-rollback budget is split over them (judge.budget). None only for callers with
     no release plan (simulations, scripts/bench_gate_sim.py): then over the runs given.
-    `no_baseline_reason`: why no baseline was measured (workflows/paired.py), said by vs_stable's no-baseline check.
+    `no_baseline_reason`: why no baseline was measured (workflows/pipeline/paired.py), said by vs_stable's
+    no-baseline check.
     Reports may be given as the JSON dicts their producers wrote; they are read as models. A report the
     gate cannot judge (validation/gate_inputs.py: null counts, NaN samples, ...) fails `report_input`
     with the field and the fix, and its own checks are not judged."""

@@ -1,8 +1,8 @@
 """What `pdops gate` and `pdops plan-load --release` read of a release.yaml, as typed inputs.
 
 validation/ imports nothing of workflows/: the reader that builds them from the release spec is
-workflows/pricing.py release_inputs, handed to validation/cli.py register(sub, read_release=...) by
-the top CLI (workflows/cli.py).
+workflows/pipeline/pricing.py release_inputs, handed to validation/cli.py register(sub, read_release=...) by
+the top CLI (workflows/cli/main.py).
 """
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ def markdown(decision: Decision, compat: CompatReport | None, benches: list[Benc
     lines += markdown_lines([(bench_label(b, i), b) for i, b in enumerate(benches)])
     from validation.balance import markdown_lines as balance_lines  # which phase queued, per run
     lines += balance_lines([(bench_label(b, i), b) for i, b in enumerate(benches)])
-    if decision.advice:   # pdops advise on these runs (workflows/advise_patch.py)
+    if decision.advice:   # pdops advise on these runs (workflows/pipeline/advise_patch.py)
         lines += ["## Advice (phase balance)", ""] + [f"- {a}" for a in decision.advice] + [""]
     if compat:
         lines += ["## Compatibility", "", "| case | status | required | detail |", "| --- | --- | --- | --- |"]

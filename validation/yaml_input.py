@@ -1,7 +1,7 @@
 """Reading a user's YAML file safely: one bounded document, duplicate keys refused, hidden
 characters refused, every error an InputError naming the file, the field and the fix.
 
-Shared by the release spec and kustomizations (workflows/spec.py, workflows/manifest.py) and by
+Shared by the release spec and kustomizations (workflows/spec/release.py, workflows/render/manifest.py) and by
 `pdops diff`'s known-divergences file (validation/diff/known.py): it lives here, in the lower
 layer, because validation/ imports nothing of workflows/.
 """

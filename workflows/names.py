@@ -1,6 +1,6 @@
 """Names shared across the pipeline: namespaces, service accounts, labels, annotations.
 
-The bottom layer: it imports nothing of ours, so the Argo definitions (workflows/argo.py), the
+The bottom layer: it imports nothing of ours, so the Argo definitions (workflows/argo/definitions.py), the
 Argo Events objects (events.py), the RBAC (rbac.py) and the targets can all import it without a
 cycle, and no name is written twice.
 """

@@ -90,7 +90,7 @@ class PodRunner:
         self.image_src, self.kubeconfig, self.schema_dir = image_src, kubeconfig, schema_dir
         self.bin = root / "image-bin"
         self.bin.mkdir(parents=True, exist_ok=True)
-        (self.bin / "pdops").write_text(f"#!/bin/sh\nexec {shlex.quote(python)} -P -m workflows.cli \"$@\"\n")
+        (self.bin / "pdops").write_text(f"#!/bin/sh\nexec {shlex.quote(python)} -P -m workflows.cli.main \"$@\"\n")
         (self.bin / "pdops").chmod(0o755)
         kubectl = Path(python).parent / "kubectl"
         if kubectl.exists() and not (self.bin / "kubectl").exists():

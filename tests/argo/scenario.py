@@ -21,7 +21,7 @@ from tests.conftest import ROOT
 from tests.fakes.known_timing_server import Broken
 from tests.fakes.kube import start_cluster
 from tests.fakes.kube.engine import EngineApp
-from workflows.manifest import dump_manifest, render
+from workflows.render.manifest import dump_manifest, render
 from workflows.targets.base import ReleaseRecord
 from workflows.targets.kubernetes import KubernetesTarget
 

@@ -1,5 +1,5 @@
 """The Argo -> CLI contract: every `pdops` invocation in the committed Argo YAML parses with the
-CLI's own parser (`workflows.cli.build_parser()`), with every enum value of every workflow parameter.
+CLI's own parser (`workflows.cli.main.build_parser()`), with every enum value of every workflow parameter.
 
 Container steps: `command` (or the image's ENTRYPOINT, read from the Dockerfile) + `args`. `sh -c`
 steps: the script split into simple commands on `;`, `&&`, `||` and newlines, each `shlex`-split,
@@ -24,7 +24,7 @@ from tests.argo.pod import dockerfile_image
 from tests.argo.spec import load_workflow_spec
 from tests.argo.substitute import replace_text
 from tests.conftest import ROOT
-from workflows.cli import build_parser
+from workflows.cli.main import build_parser
 
 ARGO = ROOT / "kustomize" / "argo"
 FILES = ("pd-release.yaml", "pd-canary.yaml")

@@ -28,7 +28,7 @@ DASHBOARD = f"http://127.0.0.1:{PORT + 3}"
 
 
 def pdops(env: dict, *args: str, timeout: float = 2400) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "workflows.cli", *args], env=env, cwd=ROOT, text=True,
+    proc = subprocess.run([sys.executable, "-m", "workflows.cli.main", *args], env=env, cwd=ROOT, text=True,
                           capture_output=True, timeout=timeout)
     sys.stderr.write(proc.stderr[-6000:])  # the release's progress, shown when a test fails
     return proc

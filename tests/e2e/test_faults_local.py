@@ -68,7 +68,7 @@ def test_release_killed_after_rollout_is_undone_and_a_second_release_is_refused(
                                                                "requests": 400, "warmup_requests": 1}])
     log = open(tmp_path / "release.log", "w")
     with LiveTraffic() as users:
-        release = subprocess.Popen([sys.executable, "-m", "workflows.cli", "release", "--overlay", str(overlay)],
+        release = subprocess.Popen([sys.executable, "-m", "workflows.cli.main", "release", "--overlay", str(overlay)],
                                    env=stack, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_candidate_running()
@@ -97,7 +97,7 @@ def test_engine_killed_during_validation_rolls_back(stack, stable_digest, tmp_pa
     overlay = changed_overlay(tmp_path, 64 if phase == "Decode" else 72)
     log = open(tmp_path / "release.log", "w")
     with LiveTraffic() as users:
-        release = subprocess.Popen([sys.executable, "-m", "workflows.cli", "release", "--overlay", str(overlay),
+        release = subprocess.Popen([sys.executable, "-m", "workflows.cli.main", "release", "--overlay", str(overlay),
                                     "--json"], env=stack, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
         app = wait_candidate_running()
         time.sleep(8)                                  # validation has begun (compat suite)
@@ -122,7 +122,7 @@ def test_candidate_answering_5xx_and_hanging_mid_stream_rolls_back(stack, stable
     tests/fakes/fault_proxy.py, which answers every 4th completion 503 and stalls every 3rd stream
     after its first events. Run in this process so the target can hand validation the proxy's URL."""
     from tests.fakes.fault_proxy import FaultProxy
-    from workflows import steps
+    from workflows.pipeline import steps
     from workflows.targets.local import LocalTarget
 
     for name in ("PDOPS_HOME", "PDOPS_LOCAL_PORT"):
@@ -174,7 +174,7 @@ def fill(folder) -> None:
 def test_run_folder_filling_up_during_validation_rolls_back(stack, stable_digest, tmp_path, small_disk):
     overlay = changed_overlay(tmp_path, 88)
     with LiveTraffic() as users:
-        release = subprocess.Popen([sys.executable, "-m", "workflows.cli", "release", "--overlay", str(overlay),
+        release = subprocess.Popen([sys.executable, "-m", "workflows.cli.main", "release", "--overlay", str(overlay),
                                     "--runs", str(small_disk), "--json"], env=stack, cwd=ROOT,
                                    stdout=subprocess.PIPE, stderr=open(tmp_path / "release.log", "w"), text=True)
         try:

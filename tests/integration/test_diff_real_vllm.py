@@ -20,7 +20,7 @@ def vllm_url(real_vllm):
 
 def test_a_real_engine_diffed_against_itself_is_all_same(vllm_url, tmp_path):
     from validation.diff import matrix
-    from workflows.cli import main
+    from workflows.cli.main import main
 
     out = tmp_path / "diff.json"
     code = main(["diff", "--base-url", vllm_url, "--reference-url", vllm_url, "--model", "pdops-tiny",

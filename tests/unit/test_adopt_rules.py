@@ -9,7 +9,7 @@ import yaml
 
 from workflows.checks.rules import lint
 from workflows.checks.sizing import size_table
-from workflows.instances import allowed_values, table
+from workflows.spec.instance_types import allowed_values, table
 
 ZONE = "topology.kubernetes.io/zone"
 TYPE = "node.kubernetes.io/instance-type"
@@ -232,7 +232,7 @@ def test_model_spanning_nodes_gets_no_one_node_note(rendered):
 
 
 def test_sizing_from_a_rendered_manifest_file(rendered, tmp_path):
-    from workflows.manifest import load_manifest
+    from workflows.render.manifest import load_manifest
 
     path = tmp_path / "m.yaml"
     path.write_text(rendered("prod").text())
@@ -241,7 +241,7 @@ def test_sizing_from_a_rendered_manifest_file(rendered, tmp_path):
 
 
 def test_pinned_tables_are_dated_sourced_and_consistent():
-    from workflows.pricing import pinned_prices
+    from workflows.pipeline.pricing import pinned_prices
 
     types = table()   # every row validated by InstanceType (extra fields refused)
     for family in ("g5.", "g6.", "g6e.", "p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-b200."):

@@ -1,4 +1,4 @@
-"""`pdops advise` (workflows/advise.py, advise_patch.py) from benchmark runs made against the
+"""`pdops advise` (workflows/pipeline/advise.py, advise_patch.py) from benchmark runs made against the
 known-timing fake queueing on one side: the patch it offers applies with `git apply` to a copy of
 the repository's overlays and `pdops check` passes on the result; bad --bench files and an overlay
 that fails its checks get clear answers and no patch."""
@@ -13,7 +13,7 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.unit.test_balance import CASES, bench
-from workflows.cli import main
+from workflows.cli.main import main
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_the_local_overlay_gets_a_node_groups_patch_of_its_own(capsys, runs, rep
     assert rc == 0, text
     subprocess.run(["git", "apply", str(patch)], cwd=repo, check=True)
     assert main(["check", str(repo / "overlays" / "local")]) == 0
-    rendered = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "workflows.cli", "render",
+    rendered = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "workflows.cli.main", "render",
                                str(repo / "overlays" / "local")], capture_output=True, text=True, cwd=ROOT)
     rs = next(d for d in yaml.safe_load_all(rendered.stdout) if d and d.get("kind") == "RayService")
     pre = next(g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == "prefill")

@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, SCHEMAS
-from workflows import argo, events, rbac
+from workflows.argo import definitions as argo
+from workflows.argo import events
+from workflows.argo import rbac
 
 ARGO_DIR = ROOT / "kustomize" / "argo"
 FILES = ("pd-release.yaml", "pd-canary.yaml", "events.yaml", "rbac.yaml", "kustomization.yaml")
@@ -62,7 +64,7 @@ def test_committed_yaml_matches_render_all(rendered):
     assert set(rendered) == set(FILES)
     drifted = [n for n, text in rendered.items()
                if not (ARGO_DIR / n).exists() or (ARGO_DIR / n).read_text(encoding="utf-8") != text]
-    assert not drifted, f"{drifted} drifted from workflows/argo.py: run `pdops workflows render --out kustomize/argo`"
+    assert not drifted, f"{drifted} drifted from workflows/argo/definitions.py: run `pdops workflows render --out kustomize/argo`"
 
 
 def test_kustomization_lists_every_file():
@@ -76,7 +78,7 @@ def test_render_all_round_trips(rendered, objects):
 
 
 def test_cli_workflows_render(tmp_path):
-    from workflows.cli import build_parser
+    from workflows.cli.main import build_parser
 
     args = build_parser().parse_args(["workflows", "render", "--out", str(tmp_path)])
     assert args.func(args) == 0
@@ -136,7 +138,7 @@ def _pdops_invocations(wf: dict):
 def test_every_pdops_call_in_the_committed_yaml_parses_with_the_cli_parser(name):
     """The Argo -> CLI contract, read from the COMMITTED YAML: argparse exits 2 on an unknown flag
     (as `--endpoint-out` did), so every call must parse, with {{...}} standing for a value."""
-    from workflows.cli import build_parser
+    from workflows.cli.main import build_parser
 
     (wf,) = [d for d in yaml.safe_load_all((ARGO_DIR / name).read_text()) if d]
     calls = list(_pdops_invocations(wf))
@@ -379,7 +381,7 @@ def test_sensor_one_trigger_per_environment_with_filters(objects):
 # -- step helpers ---------------------------------------------------------------------------------
 
 def test_step_outputs_figures_are_nan_never_a_fake_zero(tmp_path):
-    from workflows import step_outputs
+    from workflows.pipeline import step_outputs
 
     bench = {"ttft_ms": {"p50": 12.5, "p99": 40}, "itl_ms": {"p50": 3, "p99": 9},
              "server": {"kv": {"external_kv_prompt_tokens": 1000}}}

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT
-from workflows.cli import main
+from workflows.cli.main import main
 from validation.yaml_input import MAX_SPEC_BYTES, MAX_YAML_DEPTH, field_path
-from workflows.tiny_model import NAME
+from workflows.spec.tiny_model import NAME
 
 SCALE = int(os.environ.get("PDOPS_FUZZ_SCALE", "1"))
 
@@ -370,7 +370,7 @@ junk_values = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(ma
 def test_check_of_a_damaged_manifest_never_crashes(rendered, tmp_path_factory, data, junk):
     """`check -f` on a rendered manifest with any one value replaced (objects or serveConfigV2):
     findings or bad input, never a traceback."""
-    from workflows.manifest import dump_manifest, dump_yaml, serve_config_of
+    from workflows.render.manifest import dump_manifest, dump_yaml, serve_config_of
 
     r = rendered("local")
     inside_serve_config = data.draw(st.booleans())

@@ -1,4 +1,4 @@
-"""The check cache (workflows/cache.py): a hit says what a miss says, and nothing stale or broken is trusted.
+"""The check cache (workflows/render/cache.py): a hit says what a miss says, and nothing stale or broken is trusted.
 
 Ray's own PDServingArgs decides every config the cache has not seen
 (ray/llm/_internal/serve/serving_patterns/prefill_decode/builder.py); a spy on it shows when it ran.
@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SCHEMAS
-from workflows import cache, manifest
+from workflows.render import cache
+from workflows.render import manifest
 from workflows.errors import InputError
-from workflows.serve_config import build_serve_config, validate_with_ray
-from workflows.spec import load_spec
+from workflows.render.serve_config import build_serve_config, validate_with_ray
+from workflows.spec.release import load_spec
 from workflows.checks.run import check_rendered
 
 

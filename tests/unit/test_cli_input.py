@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from workflows.cli import main
+from workflows.cli.main import main
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_check_json_and_stdin_roundtrip(capsys, monkeypatch, tmp_path):
 
 def test_check_output_is_not_buried_in_import_time_log_lines():
     """Measured before: vLLM's Triton notices as Ray-formatted JSON on every `pdops check`."""
-    proc = subprocess.run([sys.executable, "-m", "workflows.cli", "check", "overlays/local"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "workflows.cli.main", "check", "overlays/local"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "clean" in proc.stdout + proc.stderr
     assert [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("{")] == []

@@ -10,10 +10,10 @@ import shutil
 import pytest
 
 from tests.conftest import ROOT
-from workflows import argo
+from workflows.argo import definitions as argo
 from workflows.checks.deadlines import problems, seconds
-from workflows.cli import main
-from workflows.spec import Timeouts
+from workflows.cli.main import main
+from workflows.spec.release import Timeouts
 
 
 @pytest.fixture

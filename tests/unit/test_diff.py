@@ -12,7 +12,7 @@ import pytest
 from tests.fakes.diff_fake import DiffFake, Plant
 from validation.diff import matrix
 from validation.diff.command import diff
-from workflows.cli import main
+from workflows.cli.main import main
 
 MODEL = "fake-model"
 

@@ -10,9 +10,9 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.fakes.diff_fake import DiffFake, Plant
-from workflows import steps
+from workflows.pipeline import steps
 from workflows.errors import InputError
-from workflows.spec import load_spec
+from workflows.spec.release import load_spec
 from workflows.targets.base import Endpoint
 
 

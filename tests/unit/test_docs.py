@@ -122,7 +122,7 @@ def test_relative_links_resolve(page: Path) -> None:
 
 @pytest.mark.parametrize("page", [ROOT / "README.md", *PAGES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_repository_paths_named_in_the_manual_exist(page: Path) -> None:
-    """`workflows/steps.py`, `tests/unit/test_gate.py`, ...: a module that moved leaves the page naming
+    """`workflows/pipeline/steps.py`, `tests/unit/test_gate.py`, ...: a module that moved leaves the page naming
     it wrong. Placeholders (`overlays/<env>/`, `overlays/ENV/`, globs) are not paths."""
     text = page.read_text(encoding="utf-8")
     named = re.findall(r"`((?:workflows|validation|tests|scripts|kustomize|overlays|docs)/[\w./-]+)`", text)

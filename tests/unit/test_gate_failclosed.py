@@ -18,7 +18,7 @@ from validation.bench import run_bench
 from validation.config import SLO, LoadProfile, PrefillSLO, VsStable
 from validation.gate import decide
 from validation.reports.bench import BenchReport
-from workflows.cli import main  # pdops: bad input (InputError) exits 2 naming the file
+from workflows.cli.main import main  # pdops: bad input (InputError) exits 2 naming the file
 
 COMPAT = {"ok": True, "passed": 1, "required_failures": [], "cases": []}
 LOADS = [{"profile": "balanced", "concurrency": c, "requests": 300} for c in (16, 32, 64)]

@@ -20,7 +20,7 @@ from tests.fakes.known_timing_server import KnownTimingServer
 from tests.unit.test_release_flow import RecordingTarget, edit, endpoint, overlay, server  # noqa: F401
 from validation import interleave
 from validation.metrics import summary
-from workflows import steps
+from workflows.pipeline import steps
 from workflows.targets.base import Baseline, Skipped, SlotStatus, TargetStatus
 
 

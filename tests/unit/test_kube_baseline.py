@@ -19,8 +19,8 @@ import yaml
 from tests.conftest import ROOT
 from tests.kube_support import LOCAL_NS, Lines, cluster, live, manifests, record as _record, release, target as _target  # noqa: F401
 from tests.unit.test_kube_reference import dns  # noqa: F401
-from workflows import steps
-from workflows.spec import load_spec
+from workflows.pipeline import steps
+from workflows.spec.release import load_spec
 from workflows.targets.base import Baseline, Skipped
 
 BASE = "pd-llm-baseline"

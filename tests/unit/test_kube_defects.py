@@ -52,7 +52,7 @@ def test_each_colours_pdbs_allow_one_disruption_of_healthy_kuberay_pods(cluster,
 
 def test_the_rendered_pdbs_are_what_the_target_applies(cluster, manifests):
     """`pdops render` output equals what the target applies (issue 22 item 7): a user who applies the render
-    with kubectl, Argo CD or Flux gets the integer minAvailable form, never maxUnavailable (workflows/pdb.py)."""
+    with kubectl, Argo CD or Flux gets the integer minAvailable form, never maxUnavailable (workflows/render/pdb.py)."""
     rendered = {p["metadata"]["name"]: p for p in manifests["local"].objects if p["kind"] == "PodDisruptionBudget"}
     assert rendered and all("maxUnavailable" not in p["spec"] for p in rendered.values())
     release(target(cluster), record(manifests))
@@ -71,7 +71,7 @@ def test_a_pdb_with_a_percentage_is_refused_at_render_naming_the_kustomization(t
 
     from tests.conftest import ROOT
     from workflows.errors import InputError
-    from workflows.manifest import render
+    from workflows.render.manifest import render
 
     shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
     shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.conftest import ROOT
 from tests.fakes.kube import kube_cluster  # noqa: F401 - fixture
-from workflows.manifest import render
+from workflows.render.manifest import render
 
 NS = "pdops-local"
 APPLY = "application/apply-patch+yaml"

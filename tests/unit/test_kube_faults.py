@@ -5,7 +5,7 @@ import pytest
 from kubernetes import client
 
 from tests.kube_support import LOCAL_NS, Lines, cluster, eventually, history, live, manifests, record, release, selector, target  # noqa: F401
-from workflows.steps import replaced_engines
+from workflows.pipeline.steps import replaced_engines
 from workflows.targets.base import TargetError
 
 
@@ -61,7 +61,7 @@ def test_pdops_steps_run_as_subprocesses_against_the_cluster_through_its_kubecon
     release(target(cluster), record(manifests))
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PYTHONPATH": str(ROOT)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    out = subprocess.run([sys.executable, "-m", "workflows.cli", "status", "--target", "kubernetes", "--namespace", LOCAL_NS, "--json"],
+    out = subprocess.run([sys.executable, "-m", "workflows.cli.main", "status", "--target", "kubernetes", "--namespace", LOCAL_NS, "--json"],
                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     status = json.loads(out.stdout)

@@ -251,8 +251,8 @@ def _rollout_step(cluster, monkeypatch, out) -> tuple[int, str]:
     """`pdops rollout` as the Argo step runs it (render + check overlays/local, settle, apply, wait), on
     the test cluster: the step's target with the test's fast polling."""
     from tests.conftest import ROOT
-    from workflows import release_cli
-    from workflows.cli import main
+    from workflows.cli import release as release_cli
+    from workflows.cli.main import main
 
     monkeypatch.setattr(release_cli, "open_target", lambda args, step=None: target(cluster))
     code = main(["rollout", "--target", "kubernetes", "--overlay", str(ROOT / "overlays" / "local"), "--namespace",
@@ -296,8 +296,8 @@ def test_a_retried_restore_does_not_regress_the_release_it_restored(manifests, t
     written by `pdops validate`): its retry after the restore completed changes nothing."""
     import json
 
-    from workflows import release_cli
-    from workflows.cli import main
+    from workflows.cli import release as release_cli
+    from workflows.cli.main import main
 
     cluster = start_cluster(kubeconfig=tmp_path / "kubeconfig")
     try:

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from tests.kube_support import LOCAL_NS, Lines, cluster, live, manifests, record, target  # noqa: F401
-from workflows.manifest import dump_manifest, render
+from workflows.render.manifest import dump_manifest, render
 from workflows.names import COLOUR_LABEL, PHASE_LABEL
 from workflows.targets.base import ReleaseRecord
 from workflows.targets.kube.objects import release_objects
@@ -49,7 +49,7 @@ def test_the_spec_takes_a_prometheus_url_and_names_a_bad_one():
     import yaml
 
     from workflows.errors import InputError
-    from workflows.spec import parse_spec
+    from workflows.spec.release import parse_spec
 
     data = yaml.safe_load((ROOT / "overlays" / "prod" / "release.yaml").read_text())
     assert parse_spec(data, "release.yaml").metrics.prometheus_url is None

@@ -25,10 +25,10 @@ from tests.fakes.diff_fake import DiffFake, Plant
 from tests.kube_support import LOCAL_NS, Lines, cluster, eventually, live, manifests  # noqa: F401
 from tests.kube_support import record as _record
 from tests.kube_support import target as _target
-from workflows import steps
+from workflows.pipeline import steps
 from workflows.checks.schema import validate_objects
-from workflows.manifest import render
-from workflows.spec import load_spec
+from workflows.render.manifest import render
+from workflows.spec.release import load_spec
 
 REF = "pd-llm-reference"
 

@@ -25,10 +25,10 @@ def test_the_import_contracts_hold():
 
 def test_imports_inside_functions_are_in_the_graph_the_contracts_read():
     """An import moved into a function to hide a cycle must still count: grimp (import-linter's
-    graph) records balance_advice's function-level import of advise_patch in workflows/steps.py."""
+    graph) records balance_advice's function-level import of advise_patch in workflows/pipeline/steps.py."""
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
-    details = graph.get_import_details(importer="workflows.steps", imported="workflows.advise_patch")
-    source = (ROOT / "workflows" / "steps.py").read_text().splitlines()
+    details = graph.get_import_details(importer="workflows.pipeline.steps", imported="workflows.pipeline.advise_patch")
+    source = (ROOT / "workflows" / "pipeline" / "steps.py").read_text().splitlines()
     assert details, "the function-level import is not in the graph"
     assert all(source[d["line_number"] - 1].startswith("    ") for d in details)   # indented: inside a function
 

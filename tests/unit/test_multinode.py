@@ -10,13 +10,13 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from workflows import argo
+from workflows.argo import definitions as argo
 from workflows.checks.rules import lint
 from workflows.checks.sizing import size_table
 from workflows.errors import InputError
-from workflows.serve_config import build_serve_config
-from workflows.sizing import kv_bytes_per_token, stage_layers
-from workflows.spec import parse_spec
+from workflows.render.serve_config import build_serve_config
+from workflows.render.sizing import kv_bytes_per_token, stage_layers
+from workflows.spec.release import parse_spec
 
 ENV = "prod-multinode"
 P405 = 405.85e9 * 2          # bytes of bf16 weights
@@ -118,7 +118,7 @@ def test_sizing_splits_weights_and_kv_over_tp_and_pp(rendered):
 
 
 def test_largest_stage_sets_the_per_gpu_share_when_layers_do_not_divide():
-    from workflows.spec import Architecture
+    from workflows.spec.release import Architecture
 
     arch = Architecture(parameters=81e9, layers=81, kv_heads=8, head_dim=128)
     assert stage_layers(arch, 2) == 41 and stage_layers(arch, 1) == 81     # vllm get_pp_indices: 41 + 40
@@ -267,6 +267,6 @@ def test_example_overlay_is_not_an_argo_environment_and_a_push_to_it_releases_no
 
 
 def test_pre_commit_checks_the_example_when_its_files_change():
-    from workflows.changed import affected_overlays
+    from workflows.render.changed import affected_overlays
 
     assert [p.name for p in affected_overlays([f"overlays/{ENV}/node-groups.yaml"], cwd=ROOT)] == [ENV]

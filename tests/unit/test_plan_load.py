@@ -10,7 +10,7 @@ from tests.fakes.known_timing_server import KnownTimingServer
 from validation import metrics, profiles
 from validation.bench import run_bench
 from validation.cli import main
-from workflows.cli import main as pdops
+from workflows.cli.main import main as pdops
 
 
 def test_jittered_fake_to_samples_to_plan_load(tmp_path, capsys):

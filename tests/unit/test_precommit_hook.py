@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from workflows.changed import affected_overlays
+from workflows.render.changed import affected_overlays
 
 HOOKS = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
 
@@ -52,7 +52,7 @@ ALL = sorted(["overlays/canary"] + [f"overlays/{p.name}" for p in (ROOT / "overl
     (["overlays/dev/node-groups.yaml", "overlays/local/kustomization.yaml"], ["overlays/dev", "overlays/local"]),
     (["overlays/prod/node-groups.yaml"], ["overlays/canary", "overlays/prod"]),  # canary includes prod
     (["overlays/local/deleted-patch.yaml"], ["overlays/local"]),                 # a deletion still counts
-    (["README.md", "workflows/cli.py", "overlays/README.md"], []),
+    (["README.md", "workflows/cli/main.py", "overlays/README.md"], []),
     ([], []),
 ])
 def test_changed_files_map_to_the_overlays_they_affect(repo, files, expected):
@@ -83,7 +83,7 @@ def test_the_hook_names_the_pdops_console_script():
     assert hook["id"] == "pdops-check" and hook["require_serial"] is True
     assert shlex.split(hook["entry"])[:3] == ["pdops", "check", "--changed"]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["pdops"] == "workflows.cli:main"
+    assert scripts["pdops"] == "workflows.cli.main:main"
 
 
 def run_hook(repo: Path, staged: list[str]) -> subprocess.CompletedProcess:
@@ -93,14 +93,14 @@ def run_hook(repo: Path, staged: list[str]) -> subprocess.CompletedProcess:
     if not selected:
         return None
     argv = shlex.split(hook["entry"]) + hook.get("args", []) + selected
-    assert argv[0] == "pdops"   # the console script = `python -m workflows.cli` of this tree
+    assert argv[0] == "pdops"   # the console script = `python -m workflows.cli.main` of this tree
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "workflows.cli", *argv[1:]], cwd=repo, env=env,
+    return subprocess.run([sys.executable, "-m", "workflows.cli.main", *argv[1:]], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=900)
 
 
 def test_hook_passes_clean_overlays_and_skips_unrelated_commits(repo):
-    assert run_hook(repo, ["README.md", "workflows/cli.py"]) is None
+    assert run_hook(repo, ["README.md", "workflows/cli/main.py"]) is None
     proc = run_hook(repo, ["overlays/local/release.yaml", "README.md"])
     assert proc.returncode == 0, proc.stderr
     assert "overlays/local: 5 objects checked, clean" in proc.stdout and "overlays/prod" not in proc.stdout

@@ -1,14 +1,14 @@
 """Least privilege, pinned: every (role, apiGroup, resource, verb) granted in kustomize/argo/rbac.yaml
 equals GRANTS below, so any widening fails here and has to be argued for in one place.
 
-To grant more, add it to GRANTS with why the pipeline needs it (and to workflows/rbac.py).
+To grant more, add it to GRANTS with why the pipeline needs it (and to workflows/argo/rbac.py).
 """
 from __future__ import annotations
 
 import yaml
 
 from tests.conftest import ROOT
-from workflows import argo
+from workflows.argo import definitions as argo
 
 RBAC = ROOT / "kustomize" / "argo" / "rbac.yaml"
 ENV = "<each environment namespace>"    # pd-release is bound in every ENV_NAMESPACES namespace

@@ -20,7 +20,7 @@ import yaml
 from tests.conftest import ROOT
 from tests.fakes.fault_proxy import FaultProxy
 from tests.fakes.known_timing_server import KnownTimingServer
-from workflows import steps
+from workflows.pipeline import steps
 from workflows.errors import InputError
 from workflows.targets.base import Endpoint, SlotStatus, TargetError, TargetStatus
 

@@ -34,7 +34,7 @@ def test_building_the_tiny_model_on_a_terminal_prints_only_our_lines(tmp_path):
     """On a pseudo-terminal, where the tokenizers trainer would draw its bars."""
     env = {**os.environ, "PDOPS_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "workflows.cli", "tiny-model"], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "workflows.cli.main", "tiny-model"], cwd=ROOT, env=env,
                             stdin=follower, stdout=follower, stderr=follower)
     os.close(follower)
     chunks = []

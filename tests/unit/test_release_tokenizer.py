@@ -13,9 +13,9 @@ import pytest
 from tests.conftest import ROOT
 from tests.fakes.known_timing_server import KnownTimingServer
 from tests.unit.test_release_flow import RecordingTarget, overlay, run  # noqa: F401 - fixture
-from workflows import tiny_model
-from workflows.manifest import render
-from workflows.steps import record_of
+from workflows.spec import tiny_model
+from workflows.render.manifest import render
+from workflows.pipeline.steps import record_of
 from workflows.targets.base import Endpoint
 from workflows.targets.local import served_tokenizer
 

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from tests.conftest import OVERLAYS, ROOT
-from workflows.kustomize_openapi import render_document
-from workflows.serve_config import PHASE_RESOURCE
+from workflows.render.kustomize_openapi import render_document
+from workflows.render.serve_config import PHASE_RESOURCE
 
 
 def test_every_environment_has_an_overlay():
@@ -27,7 +27,7 @@ def test_golden_render(rendered_overlays, env):
 
 def test_openapi_schema_matches_generator():
     committed = (ROOT / "kustomize" / "openapi" / "rayservice.json").read_text()
-    assert committed == render_document(), "regenerate kustomize/openapi/rayservice.json from workflows.kustomize_openapi"
+    assert committed == render_document(), "regenerate kustomize/openapi/rayservice.json from workflows.render.kustomize_openapi"
 
 
 def _groups(r):

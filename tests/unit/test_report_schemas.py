@@ -18,7 +18,7 @@ from tests.fakes.known_timing_server import KnownTimingServer
 from validation.reports.base import unexplained
 from validation.reports.bench import BenchReport
 from validation.reports.schema import REPORTS, SCHEMA_DIR, drift, generate
-from workflows.cli import main
+from workflows.cli.main import main
 
 
 def validate(name: str, path: Path) -> dict[str, Any]:
@@ -136,7 +136,7 @@ def test_a_release_run_folder_validates(tmp_path, monkeypatch):
     from tests.conftest import ROOT
     from tests.unit.test_diff_release import _edit
     from tests.unit.test_release_flow import RecordingTarget
-    from workflows import steps
+    from workflows.pipeline import steps
     from workflows.targets.base import Endpoint
 
     monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tests.kube_support import LOCAL_NS, Lines, cluster, manifests, record, release, target  # noqa: F401
-from workflows.cli import main
+from workflows.cli.main import main
 from workflows.names import LOCK_NAME
 from workflows.targets.base import TargetError
 

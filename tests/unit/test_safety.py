@@ -16,8 +16,8 @@ import yaml
 
 from tests.conftest import OVERLAYS, ROOT
 from tests.fakes.known_timing_server import KnownTimingServer
-from workflows import argo
-from workflows.cli import main
+from workflows.argo import definitions as argo
+from workflows.cli.main import main
 
 SECRET_NAME = re.compile(r"(?i)(^|_)(token|secret|password|passwd|key|apikey|credentials)(_|$)")
 HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{20,}")
@@ -88,10 +88,10 @@ def test_api_key_reaches_validation_steps_by_secret_reference_only(argo_objects)
             **argo.API_KEY_SECRET, "optional": True}}}, (name, step)
         assert not any(e["name"] == argo.API_KEY_ENV for t in templates.values() if t is not templates[step]
                        for e in (t.get("container") or {}).get("env", [])), "only validation gets the key"
-    # ... and `pdops validate` reads that variable (workflows/cli_common.py api_key)
+    # ... and `pdops validate` reads that variable (workflows/cli/common.py api_key)
     import os
 
-    from workflows import cli_common
+    from workflows.cli import common as cli_common
 
     os.environ[argo.API_KEY_ENV] = "k-test"
     try:

@@ -11,12 +11,12 @@ from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles
 from validation.bench import run_bench
 from validation.config import SLO, VsStable
-from workflows.pricing import bench_cost
+from workflows.pipeline.pricing import bench_cost
 from validation.gate import decide
-from workflows.cli import main
+from workflows.cli.main import main
 from workflows.errors import InputError
-from workflows.sizing import resolve
-from workflows.spec import parse_spec
+from workflows.render.sizing import resolve
+from workflows.spec.release import parse_spec
 
 BASE = {"name": "x", "model": {"id": "m", "source": "m"}}
 

@@ -99,7 +99,7 @@ def test_the_image_environment_runs_every_step_command(image_venv):
 
 
 def test_the_image_carries_git_for_the_advice_patch():
-    """Issue 22 item 6: the balance advice's patch is made with git (workflows/advise_patch.py); the image installs
+    """Issue 22 item 6: the balance advice's patch is made with git (workflows/pipeline/advise_patch.py); the image installs
     it from the base image's Debian archive, and nothing else that way."""
     runs = [ln for ln in DOCKERFILE.read_text().replace("\\\n", " ").splitlines() if ln.startswith("RUN ")]
     apt = [r for r in runs if "apt-get install" in r]

@@ -11,14 +11,14 @@ def built(tmp_path_factory):
     import os
 
     os.environ["PDOPS_HOME"] = str(tmp_path_factory.mktemp("pdops-home"))
-    from workflows.tiny_model import build
+    from workflows.spec.tiny_model import build
 
     yield build("unit")
     del os.environ["PDOPS_HOME"]
 
 
 def test_model_files_and_config(built):
-    from workflows.tiny_model import RECIPE
+    from workflows.spec.tiny_model import RECIPE
 
     names = {p.name for p in built.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
@@ -32,7 +32,7 @@ def test_special_token_rows_are_zero_and_rebuild_is_cached(built):
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from workflows.tiny_model import build
+    from workflows.spec.tiny_model import build
 
     tok = AutoTokenizer.from_pretrained(built)
     head = load_file(str(built / "model.safetensors"))["lm_head.weight"]
@@ -43,6 +43,6 @@ def test_special_token_rows_are_zero_and_rebuild_is_cached(built):
 
 
 def test_resolve_source_passes_other_sources_through():
-    from workflows.tiny_model import resolve_source
+    from workflows.spec.tiny_model import resolve_source
 
     assert resolve_source("s3://models/x") == "s3://models/x"

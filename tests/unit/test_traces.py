@@ -97,7 +97,7 @@ def set_load(overlay, load):
 
 
 def test_release_yaml_trace_is_resolved_checked_and_exclusive_with_a_load(overlay):
-    from workflows.manifest import render
+    from workflows.render.manifest import render
 
     (overlay / "traces").mkdir()
     (overlay / "traces" / "ours.jsonl").write_text('{"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 4}\n')

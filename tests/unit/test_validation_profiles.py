@@ -9,7 +9,7 @@ import pytest
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles
 from validation.cli import main
-from workflows import tiny_model
+from workflows.spec import tiny_model
 
 
 @pytest.fixture(scope="module")

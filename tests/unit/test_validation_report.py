@@ -83,7 +83,7 @@ def test_cli_bench_compat_gate(tmp_path, capsys):
     # validation/ reads no release.yaml: without a reader (the bare validation CLI) gate is bad input
     with pytest.raises(InputError, match="reads no release.yaml"):
         main(gate_argv)
-    # the typed inputs a release.yaml gives the gate (workflows/pricing.py release_inputs builds them)
+    # the typed inputs a release.yaml gives the gate (workflows/pipeline/pricing.py release_inputs builds them)
     import argparse
     ap = argparse.ArgumentParser()
     register(ap.add_subparsers(dest="cmd", required=True), read_release=lambda path: ReleaseInputs(

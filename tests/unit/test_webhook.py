@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from workflows import argo
+from workflows.argo import definitions as argo
 
 ARGO_DIR = ROOT / "kustomize" / "argo"
 MISSING = object()

@@ -1,4 +1,4 @@
-"""workflows/yaml_edit.py: one value changes, everything else of the committed file stays as written."""
+"""workflows/spec/yaml_edit.py: one value changes, everything else of the committed file stays as written."""
 from __future__ import annotations
 
 import difflib
@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from workflows.errors import InputError
-from workflows.yaml_edit import set_value
+from workflows.spec.yaml_edit import set_value
 
 TEXT = """# a comment that must stay
 prefill: {tensor_parallel_size: 4}   # flow, no replicas yet

@@ -1,4 +1,4 @@
-"""`pdops diff` inside a release: what workflows/steps.py calls, and what the gate and report read.
+"""`pdops diff` inside a release: what workflows/pipeline/steps.py calls, and what the gate and report read.
 
     report = for_release(candidate_url, reference_url, model, scenario_files, known_file, timeout, run_dir, progress)
     gate.decide(..., diff=report)        # the `diff` check (validation/diff/verdict.py gate_check)
@@ -21,7 +21,7 @@ def for_release(candidate_url: str, reference_url: str, model: str, scenario_fil
                 api_key: str | None = None) -> Report:
     """Run the suite for a release; returns the report (also written to RUN/diff.json). The files are
     the release's `validation.scenarios` and `validation.known_divergences`, already resolved and
-    checked by the caller (workflows/spec.py spec_files: validation/ reads no release spec)."""
+    checked by the caller (workflows/spec/release.py spec_files: validation/ reads no release spec)."""
     report = diff(candidate_url, reference_url, model, scenario_files=[str(p) for p in scenario_files],
                   known_file=str(known_file) if known_file else None, api_key=api_key,
                   timeout=timeout, progress=progress)

@@ -164,7 +164,7 @@ class Interleaved(ReportModel):
     blocks: int                       # blocks per side, as planned
     order: str                        # e.g. CSSCSCCS: C candidate, S stable (baseline), pair by pair
     # the seed of the order (which side went first in each pair); a later look starting at block f
-    # drew its order from seed + 1000 * f (workflows/paired.py)
+    # drew its order from seed + 1000 * f (workflows/pipeline/paired.py)
     seed: int | None = None
     pairs: int | None = None          # pairs measured and kept (blocks - void), what the gate pairs
     first_block: int = 0              # the first pair's block index (a later look continues the count)

@@ -44,7 +44,7 @@ class Decision(ReportModel):
     inconclusive: int = 0
     look: int = 1
     extend: list[int] = Field(default_factory=list)   # benches to run again (slo.statistics: extend)
-    # pdops advise on the runs (validation/balance.py, workflows/advise_patch.py): report lines, never a gate
+    # pdops advise on the runs (validation/balance.py, workflows/pipeline/advise_patch.py): report lines, never a gate
     advice: list[str] = Field(default_factory=list)
     # what the decision did NOT test, e.g. "gated on absolute SLOs only: <why no baseline>"
     # (slo.vs_stable.without_baseline: absolute_only); when set it is also the first reason

@@ -30,9 +30,9 @@ from typing import Any
 import yaml
 
 from workflows.checks.findings import Finding
-from workflows.manifest import Rendered, repository_root
-from workflows.rendered import RenderedRelease
-from workflows.spec import STEP_MARGIN_S, VALIDATION_LOADS_S, Timeouts
+from workflows.render.manifest import Rendered, repository_root
+from workflows.render.rendered import RenderedRelease
+from workflows.spec.release import STEP_MARGIN_S, VALIDATION_LOADS_S, Timeouts
 
 WORKFLOW_FILES = ("pd-release.yaml", "pd-canary.yaml")
 WORKFLOW_KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")

@@ -12,10 +12,17 @@ from collections.abc import Iterator
 from typing import Any
 
 from workflows.checks.findings import Finding
-from workflows.instances import HOSTNAME_LABEL, InstanceType, allowed_values, instance_types_of, pod_spec, table
-from workflows.rendered import EFA, GPU, RenderedRelease, WorkerGroup, serve_path
-from workflows.serve_config import PHASES
-from workflows.sizing import GIB
+from workflows.render.rendered import EFA, GPU, RenderedRelease, WorkerGroup, serve_path
+from workflows.render.serve_config import PHASES
+from workflows.render.sizing import GIB
+from workflows.spec.instance_types import (
+    HOSTNAME_LABEL,
+    InstanceType,
+    allowed_values,
+    instance_types_of,
+    pod_spec,
+    table,
+)
 
 _UNITS = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from workflows.checks.findings import Finding
-from workflows.rendered import RenderedRelease, serve_path
+from workflows.render.rendered import RenderedRelease, serve_path
 
 # engine_kwargs key -> the value an unset key means (vllm/engine/arg_utils.py EngineArgs defaults)
 HASHED: dict[str, Any] = {"dtype": "auto", "kv_cache_dtype": "auto", "attention_backend": None,

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 from workflows.checks.findings import Finding
 from workflows.checks.instances import phase_instances
-from workflows.rendered import EFA, Phase, RenderedRelease, WorkerGroup, serve_path
-from workflows.serve_config import PHASES
+from workflows.render.rendered import EFA, Phase, RenderedRelease, WorkerGroup, serve_path
+from workflows.render.serve_config import PHASES
 
 # Strategies that can place one replica's bundles on several nodes with TP groups kept whole:
 # STRICT_PACK needs every bundle on one node (never placeable past one node's GPUs); SPREAD and

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 
 from workflows.checks import deadlines, instances, kv_compat, multinode, sizing, zone
 from workflows.checks.findings import Finding
-from workflows.manifest import Rendered
-from workflows.rendered import EFA, GPU, RenderedRelease, serve_path
-from workflows.serve_config import KV_ROLE, PHASE_RESOURCE, PHASES
+from workflows.render.manifest import Rendered
+from workflows.render.rendered import EFA, GPU, RenderedRelease, serve_path
+from workflows.render.serve_config import KV_ROLE, PHASE_RESOURCE, PHASES
 
 EFA_TAINTS = ("vpc.amazonaws.com/efa", "aws.amazon.com/efa")
 Rule = Callable[[RenderedRelease], Iterator[Finding]]
@@ -244,7 +244,7 @@ def replicas_ignored(v: RenderedRelease) -> Iterator[Finding]:
 
 # Every rule, in the order findings are reported: this module's, then the families kept in modules
 # of their own (instance facts, KV compatibility, nodes spanned by pipeline stages, model sizing,
-# zone placement). Those modules import the typed view (workflows/rendered.py), never this one.
+# zone placement). Those modules import the typed view (workflows/render/rendered.py), never this one.
 RULES: list[Rule] = [
     model_mismatch, kv_role, kv_connector, tp_order, max_model_len,
     placement, gpu_fit, efa, ray_version, image_pinned, resources, replicas_ignored,

@@ -10,8 +10,8 @@ from workflows.checks.findings import Finding
 from workflows.checks.rules import lint
 from workflows.checks.schema import validate_objects
 from workflows.errors import InputError
-from workflows.manifest import Rendered
-from workflows.serve_config import validate_with_ray
+from workflows.render.manifest import Rendered
+from workflows.render.serve_config import validate_with_ray
 
 
 def check_rendered(rendered: Rendered, schema_dir: Path) -> list[Finding]:

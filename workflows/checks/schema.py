@@ -20,9 +20,9 @@ from typing import Any
 import jsonschema
 import yaml
 
-from workflows import cache
 from workflows.checks.findings import Finding
 from workflows.errors import InputError
+from workflows.render import cache
 
 K8S_VERSION = "1.37.0"
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader reads a 2.5 MB CRD ~10x faster

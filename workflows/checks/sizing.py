@@ -1,6 +1,6 @@
 """Sizing rules: a phase must hold the weights and one max_model_len sequence; KV room vs the spec's
 load; and the guide's warning that a model fitting on one node gains only a hop from P/D.
-The figures come from workflows/sizing.py; `pdops size OVERLAY` prints the same table."""
+The figures come from workflows/render/sizing.py; `pdops size OVERLAY` prints the same table."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -8,10 +8,17 @@ from typing import Any
 
 from workflows.checks.findings import Finding
 from workflows.checks.instances import phase_instances, quantity
-from workflows.manifest import Rendered
-from workflows.rendered import RenderedRelease, serve_path
-from workflows.serve_config import PHASES
-from workflows.sizing import DEFAULT_GPU_MEMORY_UTILIZATION, GIB, PhaseSize, architecture_of, load_demand, phase_size
+from workflows.render.manifest import Rendered
+from workflows.render.rendered import RenderedRelease, serve_path
+from workflows.render.serve_config import PHASES
+from workflows.render.sizing import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    GIB,
+    PhaseSize,
+    architecture_of,
+    load_demand,
+    phase_size,
+)
 
 
 def size_release(v: RenderedRelease) -> list[PhaseSize]:

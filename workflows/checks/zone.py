@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from workflows.checks.findings import Finding
-from workflows.instances import ZONE_LABEL, allowed_values, pod_spec
-from workflows.rendered import RenderedRelease
-from workflows.serve_config import PHASES
+from workflows.render.rendered import RenderedRelease
+from workflows.render.serve_config import PHASES
+from workflows.spec.instance_types import ZONE_LABEL, allowed_values, pod_spec
 
 FIX = (f"pin both worker groups to one zone: nodeSelector {{{ZONE_LABEL}: <zone>}} (or required node affinity "
        f"{ZONE_LABEL} In [<zone>]) in the overlay's node-groups patch")

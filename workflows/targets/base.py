@@ -4,7 +4,7 @@ Both keep two slots. `stable` serves users; `candidate` holds a new release that
 before it takes the stable name. Physically a slot is a colour (`blue` / `green`): promotion only
 moves the stable pointer (a Service selector, a local route), so the promoted engines keep running.
 
-Release logic (what to validate, when to promote) lives in workflows/steps.py, never in a target.
+Release logic (what to validate, when to promote) lives in workflows/pipeline/steps.py, never in a target.
 Every target keeps its own history of records (local: files; kubernetes: a ConfigMap) so the last
 good release can be redeployed from the target alone.
 """

@@ -28,8 +28,9 @@ from pydantic import BaseModel
 
 from validation.interleave import foreign_requests
 from workflows.errors import InputError
-from workflows.manifest import find, serve_config_of
-from workflows.serve_config import IMPORT_PATH, app_args
+from workflows.render.manifest import find, serve_config_of
+from workflows.render.serve_config import IMPORT_PATH, app_args
+from workflows.spec.tiny_model import SCHEME, model_dir, resolve_source
 from workflows.targets.base import (
     Baseline,
     Endpoint,
@@ -44,7 +45,6 @@ from workflows.targets.base import (
     other_colour,
 )
 from workflows.targets.local_stack import HOST, LocalRay, Ports, ReferenceEngine
-from workflows.tiny_model import SCHEME, model_dir, resolve_source
 
 ROUTES = {"stable": "/", "candidate": "/candidate"}
 # Colocated slots must not share NIXL side-channel ports (Ray's defaults: prefill 20000, decode 22000).

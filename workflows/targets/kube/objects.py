@@ -5,7 +5,7 @@
   the RayService's name.
 - PodDisruptionBudgets: one set per colour (renamed, selector narrowed to the colour), so a
   crash-looping candidate never counts against the stable slot's drains. Their spec is applied as
-  `pdops render` emits it: the integer `minAvailable` form (workflows/pdb.py says why maxUnavailable
+  `pdops render` emits it: the integer `minAvailable` form (workflows/render/pdb.py says why maxUnavailable
   cannot work for RayCluster-owned pods); only a release recorded before render did so is converted.
 - ServiceAccount, PodMonitor: shared, applied as they are (the PodMonitor carries the colour label
   into every scraped series).
@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION, PHASE_LABEL, RELEASE_LABEL, REVISION_ANNOTATION
-from workflows.pdb import as_min_available, group_pods
+from workflows.render.pdb import as_min_available, group_pods
 from workflows.targets.base import ReleaseRecord, TargetError
 from workflows.targets.kube.api import KINDS
 

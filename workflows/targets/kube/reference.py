@@ -27,9 +27,9 @@ from typing import Any
 import yaml
 
 from workflows.errors import InputError
-from workflows.manifest import dump_yaml, serve_config_of
 from workflows.names import DIGEST_ANNOTATION, PHASE_LABEL, RELEASE_LABEL, REVISION_ANNOTATION, ROLE_LABEL
-from workflows.serve_config import reference_serve_config
+from workflows.render.manifest import dump_yaml, serve_config_of
+from workflows.render.serve_config import reference_serve_config
 from workflows.targets.base import Progress, ReleaseRecord, Skipped, TargetError
 from workflows.targets.kube import objects as obj
 from workflows.targets.kube.readiness import event_lines, pod_problems, rayservice_state

@@ -28,7 +28,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION
-from workflows.spec import DRAIN_ROUTE_S
+from workflows.spec.release import DRAIN_ROUTE_S
 from workflows.targets.base import Progress, ReleaseRecord, TargetError, appended, last_good, other_colour
 from workflows.targets.kube import objects as obj, traffic
 from workflows.targets.kube.readiness import rayservice_state

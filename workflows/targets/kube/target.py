@@ -23,7 +23,7 @@ from kubernetes import client, config
 
 from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.names import ROLE_LABEL, RUN_LEASE_S
-from workflows.spec import Timeouts
+from workflows.spec.release import Timeouts
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
 from workflows.targets.kube import golden_cache, objects as obj, reference as ref, traffic
 from workflows.targets.kube.api import Kube
@@ -36,7 +36,7 @@ from workflows.targets.kube.slots import Slots
 
 PROGRESS_EVERY_S = 30.0
 RECENT_EVENTS = 10
-_DEFAULT = Timeouts()   # release.yaml `timeouts` (workflows/spec.py): the one place the waits are set
+_DEFAULT = Timeouts()   # release.yaml `timeouts` (workflows/spec/release.py): the one place the waits are set
 
 
 class KubernetesTarget(Slots, ref.References, Baselines):

@@ -19,7 +19,7 @@ from typing import Any
 
 from validation.server_metrics import parse, scrape, sources
 from workflows.names import COLOUR_LABEL, PHASE_LABEL
-from workflows.pdb import GROUP_LABEL
+from workflows.render.pdb import GROUP_LABEL
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord
 from workflows.targets.kube import objects as obj
 from workflows.targets.kube.api import Kube

@@ -31,7 +31,7 @@ CHAT_TEMPLATE = (
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("PDOPS_HOME", Path(__file__).resolve().parent.parent / ".pdops")) / "models"
+    return Path(os.environ.get("PDOPS_HOME", Path(__file__).resolve().parents[2] / ".pdops")) / "models"
 
 
 def recipe_hash() -> str:

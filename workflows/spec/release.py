@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 from validation.config import SLO, Validation
 from validation.diff import known, scenarios
 from validation.yaml_input import field_path, read_yaml_file
-from workflows import tiny_model
 from workflows.errors import InputError
+from workflows.spec import tiny_model
 
 SPEC_FILE = "release.yaml"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$"
@@ -179,7 +179,7 @@ VALIDATION_LOADS_S = 5400
 
 class Timeouts(_Strict):
     """How long the pipeline waits on the cluster, in seconds: the one place these live. The Argo
-    workflow's deadlines are derived from them (workflows/argo.py) and `pdops check` refuses a
+    workflow's deadlines are derived from them (workflows/argo/definitions.py) and `pdops check` refuses a
     workflow whose deadlines cannot contain them (workflows/checks/deadlines.py)."""
 
     rollout_s: PositiveInt = Field(1500, le=86_400)     # rollout: the candidate serves (KubeRay RUNNING)

@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# shared with `pdops validate` (workflows/validate_cli.py), named locally as before
-from workflows.cli_common import api_key as _api_key, emit as _emit, progress as _progress
+from workflows.cli.common import (
+    api_key as _api_key,
+    emit as _emit,
+    open_target,
+    outputs_flag,
+    progress as _progress,
+    target_flags,
+    timeouts_of,
+)
 from workflows.errors import InputError
-from workflows.names import RUN_ENV
-from workflows.targets.base import Target, TargetError, TargetStatus
+from workflows.targets.base import TargetError, TargetStatus
 
 if TYPE_CHECKING:
-    from workflows.spec import Timeouts
+    pass
 
 RELEASE_HELP = """\
 Runs the whole pipeline on one overlay:
@@ -42,47 +47,6 @@ examples:
 """
 
 
-def _bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def timeouts_of(args: argparse.Namespace) -> Timeouts:
-    """The overlay's release.yaml `timeouts` (its defaults for commands without an overlay). An
-    unreadable spec gives the defaults with a warning: a rollback must not depend on the overlay."""
-    from workflows.spec import Timeouts, load_spec
-
-    overlay = getattr(args, "overlay", None)
-    if overlay and (Path(overlay) / "release.yaml").is_file():
-        try:
-            return load_spec(Path(overlay)).timeouts
-        except InputError as exc:
-            print(f"warning: default timeouts, the overlay's spec is unreadable: {exc.render()}", file=sys.stderr)
-    return Timeouts()
-
-
-def open_target(args: argparse.Namespace, step: str | None = None) -> Target:
-    """The target of `args`; on Kubernetes with the overlay's `timeouts`, and for an Argo `step`
-    every wait of this process bounded by that step's share of them (Timeouts.step_waits)."""
-    if args.target == "kubernetes":
-        from workflows.targets.kubernetes import KubernetesTarget
-
-        if not args.namespace:
-            raise InputError("--namespace", "", "the kubernetes target needs a namespace", "pass --namespace llm-<env>")
-        t = timeouts_of(args)
-        return KubernetesTarget(args.namespace, kubeconfig=args.kubeconfig, context=args.context,
-                                dry_run=args.dry_run, restore_timeout_s=t.restore_s, drain_grace_s=t.drain_s,
-                                reference_timeout_s=t.reference_s,
-                                budget_s=t.step_waits()[step] if step else None,
-                                run_id=os.environ.get(RUN_ENV) or None)
-    from workflows.targets.local import LocalTarget
-
-    return LocalTarget()
-
-
 def _refuse_local_dry_run(args: argparse.Namespace) -> None:
     if args.dry_run and args.target == "local":
         raise InputError("--dry-run", "", "the local target has no dry run",
@@ -90,7 +54,7 @@ def _refuse_local_dry_run(args: argparse.Namespace) -> None:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from workflows.steps import RunFolderError, new_run_dir, release
+    from workflows.pipeline.steps import RunFolderError, new_run_dir, release
 
     say = _progress(time.monotonic())
     overlay = Path(args.overlay)
@@ -118,11 +82,11 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     """Argo's rollout step: render + check the overlay, apply it as the candidate, wait until it serves."""
-    from workflows import step_outputs
     from workflows.checks.run import blocking, check_rendered
     from workflows.checks.schema import schema_dir_from_env
-    from workflows.manifest import load_release
-    from workflows.steps import record_of, revision_of, settle_candidate
+    from workflows.pipeline import step_outputs
+    from workflows.pipeline.steps import record_of, revision_of, settle_candidate
+    from workflows.render.manifest import load_release
 
     say = _progress(time.monotonic())
     rendered = load_release(args.overlay, None)
@@ -194,7 +158,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     say = _progress(time.monotonic())
     _refuse_local_dry_run(args)
     target = open_target(args, "promote")
-    from workflows.steps import baseline_of
+    from workflows.pipeline.steps import baseline_of
 
     with target.session():
         record = target.promote(_reasons(args.report) or ["promoted by hand"], args.report, say,
@@ -214,7 +178,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         regressed = args.regressed or (_judged(args.report) if args.to_previous else None)
         action = target.rollback(_reasons(args.report) or [args.reason], args.report, say,
                                  to_previous=args.to_previous, regressed=regressed)
-    from workflows import step_outputs
+    from workflows.pipeline import step_outputs
 
     step_outputs.write(args.outputs, "rolled-back", step_outputs.lines("rolled back", [args.reason, action]))
     _emit(args, {"action": action}, action)
@@ -269,25 +233,6 @@ def cmd_down(args: argparse.Namespace) -> int:
     print("stopped the local stack (slots and history kept; `pdops rollback` or a release brings stable back)"
           if stopped else "the local stack is not running")
     return 0
-
-
-def target_flags(p: argparse.ArgumentParser, overlay: bool = False) -> None:
-    """The flags every command acting on a target shares."""
-    p.add_argument("--target", choices=("local", "kubernetes"), default="local",
-                   help="local: Ray on 127.0.0.1 (default); kubernetes: the cluster of your kubeconfig")
-    if overlay:
-        p.add_argument("--overlay", default="overlays/local", help="overlay directory (default overlays/local)")
-    p.add_argument("--namespace", help="kubernetes: namespace of the RayServices (llm-<env>)")
-    p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    p.add_argument("--context", help="kubernetes: kubeconfig context")
-    p.add_argument("--dry-run", type=_bool, default=False, metavar="BOOL",
-                   help="kubernetes: server-side dry run, nothing persisted (default false)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-
-
-def outputs_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--outputs", metavar="DIR",
-                   help="(Argo steps) also write verdict, summary and figures, one file each, into DIR")
 
 
 def register(sub) -> None:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from workflows.manifest import MAX_POSITIONS_ANNOTATION, Rendered
-from workflows.serve_config import PHASES, app_args
+from workflows.render.manifest import MAX_POSITIONS_ANNOTATION, Rendered
+from workflows.render.serve_config import PHASES, app_args
 
 GPU = "nvidia.com/gpu"
 EFA = "vpc.amazonaws.com/efa"

@@ -4,15 +4,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:
     started = time.perf_counter()
     import ray.llm._internal.serve.serving_patterns.prefill_decode.builder  # noqa: F401
 
-    from workflows.manifest import render
-    from workflows.serve_config import validate_with_ray  # noqa: F401 - first import of Ray's models
+    from workflows.render.manifest import render
+    from workflows.render.serve_config import validate_with_ray  # noqa: F401 - first import of Ray's models
 
     print(f"import of Ray Serve LLM config models: {time.perf_counter() - started:.2f} s (once per process)")
     total = 0.0

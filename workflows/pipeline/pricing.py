@@ -17,12 +17,12 @@ from validation.reports.bench import BenchReport
 from validation.reports.cost import Cost
 from workflows.checks.instances import phase_instances, takes_node
 from workflows.errors import InputError
-from workflows.manifest import Rendered, render
-from workflows.rendered import RenderedRelease
-from workflows.serve_config import PHASES
-from workflows.spec import ReleaseSpec, load_spec
+from workflows.render.manifest import Rendered, render
+from workflows.render.rendered import RenderedRelease
+from workflows.render.serve_config import PHASES
+from workflows.spec.release import ReleaseSpec, load_spec
 
-PRICES = Path(__file__).resolve().parent / "data" / "prices.yaml"
+PRICES = Path(__file__).resolve().parents[1] / "data" / "prices.yaml"
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,8 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from workflows.cli_common import api_key, emit, progress
-from workflows.release_cli import open_target, outputs_flag, target_flags
+from workflows.cli.common import api_key, emit, open_target, outputs_flag, progress, target_flags
 from workflows.targets.base import TargetError
 
 HELP = """\
@@ -35,9 +34,9 @@ examples:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from workflows import step_outputs
-    from workflows.manifest import render
-    from workflows.steps import RunFolderError, new_run_dir, record_of, validate_slot
+    from workflows.pipeline import step_outputs
+    from workflows.pipeline.steps import RunFolderError, new_run_dir, record_of, validate_slot
+    from workflows.render.manifest import render
 
     say = progress(time.monotonic())
     overlay = Path(args.overlay)

@@ -1,6 +1,6 @@
 """What a step hands to Argo: one file per output parameter, read by Argo's `valueFrom.path`.
 
-Runs inside the step pods (the Argo definitions are in workflows/argo.py). Every step that can end
+Runs inside the step pods (the Argo definitions are in workflows/argo/definitions.py). Every step that can end
 a run writes `verdict` and `summary`, so the workflow's outputs and Prometheus metrics say why a run
 ended however early it ended: `blocked` (check found problems), `failed` (the target or validation
 could not finish), `dry-run`, `unchanged` (rollout: the release already serves as stable, so the

@@ -18,10 +18,10 @@ from typing import Any
 import yaml
 
 from validation.yaml_input import parse_yaml, read_yaml_file
-from workflows import cache
 from workflows.errors import InputError
-from workflows.serve_config import build_serve_config, validate_with_ray
-from workflows.spec import SPEC_FILE, ReleaseSpec, load_spec, repository_file, repository_root
+from workflows.render import cache
+from workflows.render.serve_config import build_serve_config, validate_with_ray
+from workflows.spec.release import SPEC_FILE, ReleaseSpec, load_spec, repository_file, repository_root
 
 KUBECTL_VERSION = "v1.37.1"
 # Known context limit of the model, carried in the manifest so `check -f` can use it too.
@@ -253,7 +253,7 @@ def render(overlay: Path, validate_serve_config: bool = True) -> Rendered:
     annotations[RELEASE_ANNOTATION] = spec.name
     if spec.model.max_position_embeddings:
         annotations[MAX_POSITIONS_ANNOTATION] = str(spec.model.max_position_embeddings)
-    from workflows import sizing  # the model's shape, so `check -f` can size the release too
+    from workflows.render import sizing  # the model's shape, so `check -f` can size the release too
     if (arch := sizing.annotation(spec)):
         annotations[sizing.ARCH_ANNOTATION] = arch
     rayservice.setdefault("spec", {})["serveConfigV2"] = dump_yaml(serve_config)
@@ -263,7 +263,7 @@ def render(overlay: Path, validate_serve_config: bool = True) -> Rendered:
 
 def _applied_pdbs(objects: list[dict[str, Any]], rayservice: dict[str, Any], overlay: Path) -> None:
     """PodDisruptionBudgets as the target applies them: integer minAvailable per worker group (pdb.py)."""
-    from workflows.pdb import as_min_available, group_pods
+    from workflows.render.pdb import as_min_available, group_pods
 
     pods = group_pods(rayservice)
     for pdb in find(objects, "PodDisruptionBudget"):

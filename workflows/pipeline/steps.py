@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from workflows.checks.run import blocking, check_rendered
 from workflows.errors import InputError
-from workflows.manifest import Rendered, load_release
-from workflows.serve_config import build_serve_config, validate_with_ray
-from workflows.spec import ReleaseSpec, load_spec, spec_files
+from workflows.render.manifest import Rendered, load_release
+from workflows.render.serve_config import build_serve_config, validate_with_ray
+from workflows.spec.release import ReleaseSpec, load_spec, spec_files
 from workflows.targets.base import Baseline, Endpoint, Progress, ReleaseRecord, Skipped, Target, TargetError
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     no CPU from them) and stops it after; golden answers come from it when `reference` is None.
     `baseline_server`: starts the baseline (`Target.baseline_server`: the stable release at its own size,
     loaded only by the benchmark); with `slo.vs_stable.measure: live` each load runs on the candidate
-    and on it in paired blocks (workflows/paired.py, validation/interleave.py) and `vs_stable` compares
+    and on it in paired blocks (workflows/pipeline/paired.py, validation/interleave.py) and `vs_stable` compares
     with that, never with `stable`; where no baseline runs, the gate is told why (fails closed)."""
     from validation import compat as compat_suite, gate, golden, interleave, profiles, report, traces
     from validation.bench import run_bench
@@ -141,12 +141,12 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                                                           on.prometheus_phase_label, on.metrics_lag_s)
                           if spec.metrics.prometheus_url else None)
         if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
-            from workflows.pricing import bench_cost
+            from workflows.pipeline.pricing import bench_cost
             bench.cost = bench_cost(bench, spec, rendered)
         return bench
 
     vs = spec.slo.vs_stable
-    from workflows.paired import PairedLoads
+    from workflows.pipeline.paired import PairedLoads
 
     no_server = lambda: nullcontext(Skipped("validation was given no way to start a baseline"))  # noqa: E731
     live = vs is not None and vs.measure == "live"
@@ -158,7 +158,7 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         return paired.measure(i, load, warmup, seed) if live else bench_of(load, warmup, seed)
 
     benches: list[BenchReport] = []
-    with paired:   # the baseline is released before the reference engine starts (workflows/paired.py)
+    with paired:   # the baseline is released before the reference engine starts (workflows/pipeline/paired.py)
         for i, load in enumerate(spec.validation.load):
             bench = measure(i, load, load.warmup_requests, 0)
             _dump(run / f"bench-{i}-{load.profile}.json", bench)
@@ -243,7 +243,7 @@ def balance_advice(rendered: Rendered, benches: list[BenchReport], run: Path, pr
     queued and the change passes `pdops check`; then how each run's queues moved since the same load
     in `stable` (the canary's trend). Never fails the release: advice is a report."""
     from validation.balance import Balance, trend_lines
-    from workflows.advise_patch import advise_runs
+    from workflows.pipeline.advise_patch import advise_runs
 
     runs = [(f"bench-{i}-{b.profile}.json", Balance.model_validate(b.balance))
             for i, b in enumerate(benches) if b.balance]
@@ -436,7 +436,7 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
             progress(f"[release] {exc}; the outcome is printed only")
         return outcome
 
-    from workflows.manifest import dump_yaml
+    from workflows.render.manifest import dump_yaml
 
     progress("[1/5 build-config] release spec -> Ray Serve LLM config (validated by Ray's own models) -> "
              "kustomize render")

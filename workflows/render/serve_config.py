@@ -8,9 +8,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from workflows import cache
 from workflows.errors import InputError
-from workflows.spec import Phase, ReleaseSpec
+from workflows.render import cache
+from workflows.spec.release import Phase, ReleaseSpec
 
 IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"
 PHASES = ("prefill", "decode")
@@ -131,7 +131,7 @@ _VERDICT_DEPENDS_ON = ("ray", "vllm", "pydantic", "pydantic-core")
 
 
 class RayVerdict(cache.Entry):
-    """Ray's PDServingArgs verdict on one serve config, as cached (see workflows/cache.py)."""
+    """Ray's PDServingArgs verdict on one serve config, as cached (see workflows/render/cache.py)."""
 
     valid: bool
     loc: list[str | int] = []   # Ray's error location and message when not valid

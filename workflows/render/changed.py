@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from workflows.errors import InputError
-from workflows.manifest import KUSTOMIZATION_FILES, check_references, repository_root
+from workflows.render.manifest import KUSTOMIZATION_FILES, check_references, repository_root
 
 
 def overlays_of(root: Path) -> list[Path]:

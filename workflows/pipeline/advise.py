@@ -9,7 +9,7 @@ replicas (or autoscaling bounds) for each side that queued, and the worker-group
                        phase's Ray resource) per pod / tensor_parallel_size) (each engine worker's
                        placement bundle takes one GPU and one unit of the phase resource)
 
-workflows/advise_patch.py turns the change into a unified diff and checks it; this module only plans.
+workflows/pipeline/advise_patch.py turns the change into a unified diff and checks it; this module only plans.
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from pydantic import BaseModel, ValidationError
 
 from validation.balance import Balance
 from workflows.errors import InputError
-from workflows.manifest import Rendered
-from workflows.rendered import RenderedRelease
-from workflows.serve_config import PHASE_RESOURCE
+from workflows.render.manifest import Rendered
+from workflows.render.rendered import RenderedRelease
+from workflows.render.serve_config import PHASE_RESOURCE
 
 
 class PhaseChange(BaseModel):

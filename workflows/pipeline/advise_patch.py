@@ -15,11 +15,11 @@ import yaml
 from pydantic import BaseModel
 
 from validation.balance import Balance
-from workflows import yaml_edit
-from workflows.advise import PhaseChange, plan, read_balances
 from workflows.errors import InputError
-from workflows.manifest import Rendered, check_references, render, repository_root
-from workflows.spec import SPEC_FILE
+from workflows.pipeline.advise import PhaseChange, plan, read_balances
+from workflows.render.manifest import Rendered, check_references, render, repository_root
+from workflows.spec import yaml_edit
+from workflows.spec.release import SPEC_FILE
 
 NODE_GROUPS = "node-groups.yaml"
 

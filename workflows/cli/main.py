@@ -41,11 +41,11 @@ def _print_findings(findings, stream) -> None:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from workflows.checks.run import blocking, check_rendered
-    from workflows.manifest import load_release
+    from workflows.render.manifest import load_release
 
     rendered = load_release(args.overlay, None)
     findings = check_rendered(rendered, _schema_dir(args))
-    from workflows import step_outputs
+    from workflows.pipeline import step_outputs
 
     if blocking(findings):
         _print_findings(findings, sys.stderr)
@@ -67,8 +67,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_check_changed(args: argparse.Namespace) -> int:
-    """`check --changed FILE...`: every overlay those files affect (workflows/changed.py); the worst exit."""
-    from workflows.changed import affected_overlays
+    """`check --changed FILE...`: every overlay those files affect (workflows/render/changed.py); the worst exit."""
+    from workflows.render.changed import affected_overlays
 
     if args.overlay or args.file:
         raise InputError("", "check --changed", "takes changed files, not an overlay or -f FILE",
@@ -88,7 +88,7 @@ def cmd_check_changed(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from workflows.checks.run import blocking, check_rendered
-    from workflows.manifest import load_release
+    from workflows.render.manifest import load_release
 
     if getattr(args, "changed", None) is not None:
         return cmd_check_changed(args)
@@ -109,8 +109,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_build_config(args: argparse.Namespace) -> int:
-    from workflows.manifest import dump_yaml
-    from workflows.steps import build_config
+    from workflows.pipeline.steps import build_config
+    from workflows.render.manifest import dump_yaml
 
     config = build_config(Path(args.overlay))
     sys.stdout.write(json.dumps(config, indent=2) + "\n" if args.json else dump_yaml(config))
@@ -118,7 +118,7 @@ def cmd_build_config(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from workflows.doctor import diagnose
+    from workflows.cli.doctor import diagnose
 
     problems = 0
     for name, ok, detail in diagnose(install_only=args.install or args.steps, steps=args.steps):
@@ -129,7 +129,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from workflows.tiny_model import build, model_dir
+    from workflows.spec.tiny_model import build, model_dir
 
     cached = (model_dir(args.name) / "config.json").exists()
     if not cached:
@@ -186,8 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The commands owned by other modules, registered by plain imports (import-linter sees them).
     from validation import cli as validation_cli
-    from workflows import adopt_cli, advise_patch, argo, release_cli, run_cli, validate_cli
-    from workflows.pricing import release_inputs
+    from workflows.argo import definitions as argo
+    from workflows.cli import adopt as adopt_cli, release as release_cli, run as run_cli, validate as validate_cli
+    from workflows.pipeline import advise_patch
+    from workflows.pipeline.pricing import release_inputs
 
     release_cli.register(sub)
     validate_cli.register(sub)

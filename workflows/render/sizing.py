@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workflows import tiny_model
-from workflows.spec import DTYPE_BYTES, Architecture, ReleaseSpec
+from workflows.spec import tiny_model
+from workflows.spec.release import DTYPE_BYTES, Architecture, ReleaseSpec
 
 ARCH_ANNOTATION = "pdops.dev/model-architecture"
 # vLLM's default (vllm/config/cache.py CacheConfig.gpu_memory_utilization, the vLLM in .venv).
@@ -83,7 +83,7 @@ def resolve(spec: ReleaseSpec) -> Architecture | None:
                   "num_key_value_heads": r["num_key_value_heads"], "head_dim": r["head_dim"],
                   "num_hidden_layers": r["num_hidden_layers"], "intermediate_size": r["intermediate_size"],
                   "vocab_size": r["vocab_size"], "torch_dtype": "float32"}
-        return from_config(config, None, f"{source} (workflows/tiny_model.py RECIPE)")
+        return from_config(config, None, f"{source} (workflows/spec/tiny_model.py RECIPE)")
     folder = Path(source)
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
