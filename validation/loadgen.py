@@ -28,7 +28,7 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,9 +70,31 @@ def parse_record(raw: RawRecord, t0: float = 0.0) -> dict:
     }
     if raw.reads:
         rec["first_byte"] = raw.reads[0][0] - t0
+    text_parts: list[str] = []
+    for t, payload in sse_payloads(raw.reads):
+        if rec["first_event"] is None:
+            rec["first_event"] = t - t0
+        if payload.strip() == b"[DONE]":
+            rec["saw_done"] = True
+            continue
+        try:
+            d = json.loads(payload)
+        except ValueError:
+            rec["error"] = rec["error"] or "bad SSE json"
+            continue
+        if isinstance(d, dict):
+            _add_chunk(rec, d, t - t0, text_parts)
+    rec["text"] = "".join(text_parts)
+    if rec["error"] is None and raw.status == 200 and rec["first_content"] is None:
+        rec["error"] = "no content"
+    return rec
+
+
+def sse_payloads(reads: list[tuple[float, bytes]]) -> Iterator[tuple[float, bytes]]:
+    """The data of each server-sent event in the body reads, with the time of the read that completed
+    the event; events without data are left out."""
     buf = b""
-    text_parts = []
-    for t, data in raw.reads:
+    for t, data in reads:
         buf += data
         while True:
             # SSE events are separated by a blank line (\n\n or \r\n\r\n)
@@ -85,47 +107,35 @@ def parse_record(raw: RawRecord, t0: float = 0.0) -> dict:
             else:
                 ev, buf = buf[:i], buf[i + 2:]
             payload = b"".join(line[5:].lstrip() for line in ev.splitlines() if line.startswith(b"data:"))
-            if not payload:
-                continue
-            if rec["first_event"] is None:
-                rec["first_event"] = t - t0
-            if payload.strip() == b"[DONE]":
-                rec["saw_done"] = True
-                continue
-            try:
-                d = json.loads(payload)
-            except ValueError:
-                rec["error"] = rec["error"] or "bad SSE json"
-                continue
-            if not isinstance(d, dict):
-                continue
-            if rec["response_id"] is None and d.get("id"):
-                rec["response_id"] = d["id"]
-            if "error" in d:
-                rec["error"] = rec["error"] or f"stream error: {str(d['error'])[:200]}"
-            if d.get("usage"):
-                rec["usage"] = d["usage"]
-            content = ""
-            for c in d.get("choices") or []:
-                delta = c.get("delta")
-                if delta is not None:
-                    content += (delta.get("content") or "") + (delta.get("reasoning_content") or "") + \
-                        (delta.get("reasoning") or "")
-                else:
-                    content += c.get("text") or ""
-                if c.get("finish_reason"):
-                    rec["finish_reason"] = c["finish_reason"]
-            rec["last_chunk"] = t - t0
-            if content:
-                if rec["first_content"] is None:
-                    rec["first_content"] = t - t0
-                rec["chunk_times"].append(t - t0)
-                rec["chunk_chars"].append(len(content))
-                text_parts.append(content)
-    rec["text"] = "".join(text_parts)
-    if rec["error"] is None and raw.status == 200 and rec["first_content"] is None:
-        rec["error"] = "no content"
-    return rec
+            if payload:
+                yield t, payload
+
+
+def _add_chunk(rec: dict[str, Any], d: dict, t: float, text_parts: list[str]) -> None:
+    """One streamed JSON chunk, read at t (relative): its id, error, usage, finish reason and content."""
+    if rec["response_id"] is None and d.get("id"):
+        rec["response_id"] = d["id"]
+    if "error" in d:
+        rec["error"] = rec["error"] or f"stream error: {str(d['error'])[:200]}"
+    if d.get("usage"):
+        rec["usage"] = d["usage"]
+    content = ""
+    for c in d.get("choices") or []:
+        delta = c.get("delta")
+        if delta is not None:   # chat: the answer, and a reasoning model's reasoning
+            content += (delta.get("content") or "") + (delta.get("reasoning_content") or "") + \
+                (delta.get("reasoning") or "")
+        else:                   # completions
+            content += c.get("text") or ""
+        if c.get("finish_reason"):
+            rec["finish_reason"] = c["finish_reason"]
+    rec["last_chunk"] = t
+    if content:
+        if rec["first_content"] is None:
+            rec["first_content"] = t
+        rec["chunk_times"].append(t)
+        rec["chunk_chars"].append(len(content))
+        text_parts.append(content)
 
 
 class HealthSampler:
@@ -405,101 +415,130 @@ def _body(spec: LoadSpec, req: dict) -> dict:
     return body
 
 
+class _LoadRun:
+    """The requests of one run: their prompts and JSON, which comes next, and the three ways of sending
+    them (a trace's arrivals, an open loop at a rate, a closed loop at a concurrency)."""
+
+    def __init__(self, spec: LoadSpec, pool: _Pool):
+        self.spec, self.pool = spec, pool
+        self.head = (f"POST {pool.path} HTTP/1.1\r\nHost: {pool.host}:{pool.port}\r\n"
+                     "Content-Type: application/json\r\n"
+                     + (f"Authorization: Bearer {spec.api_key}\r\n" if spec.api_key else "")
+                     + "Content-Length: %d\r\n\r\n").encode()
+        self.raws: list[RawRecord] = []
+        self.rng = random.Random(spec.seed)
+        # prompts (tokenized ones too) and JSON made before the clock when the count is known
+        self.built = {i: self.build(i) for i in range(spec.requests or 0)}
+        self.t_start = 0.0
+        self.deadline: float | None = None
+        self.counter = 0
+
+    def build(self, i: int) -> tuple[dict, bytes]:
+        req = self.spec.make_request(i)
+        return req, json.dumps(_body(self.spec, req)).encode()
+
+    async def warm_up(self) -> None:
+        """Warm-up requests: sequential, before the clock, excluded from results."""
+        for k in range(self.spec.warmup):
+            r = RawRecord(index=-1 - k, warmup=True, scheduled=None)
+            await _one(self.pool, self.head, self.build(-1 - k)[1], r, self.spec.timeout)
+
+    def start_clock(self) -> None:
+        self.t_start = time.perf_counter()
+        self.deadline = None if self.spec.duration is None else self.t_start + self.spec.duration
+
+    def next_index(self) -> int | None:
+        """The next request's index; None once the count is reached or the duration is over."""
+        if self.spec.requests is not None and self.counter >= self.spec.requests:
+            return None
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            return None
+        self.counter += 1
+        return self.counter - 1
+
+    def new_raw(self, i: int, scheduled: float | None) -> tuple[RawRecord, bytes]:
+        req, payload = self.built.pop(i) if i in self.built else self.build(i)
+        r = RawRecord(index=i, warmup=False, scheduled=scheduled,
+                      expected_output_tokens=req.get("max_tokens"),
+                      expected_prompt_tokens=req.get("_prompt_tokens"))
+        self.raws.append(r)
+        return r, payload
+
+    def send(self, r: RawRecord, payload: bytes) -> asyncio.Future:
+        return asyncio.ensure_future(_one(self.pool, self.head, payload, r, self.spec.timeout))
+
+    async def replay(self, arrivals: list[float]) -> None:
+        """A trace: one request at each arrival time, whatever is still running."""
+        tasks = []
+        for k, at in enumerate(arrivals):
+            delay = self.t_start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(self.send(*self.new_raw(k, self.t_start + at)))
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def open_loop(self, rate: float) -> None:
+        """Requests at `rate` per second (Poisson or evenly spaced, ramped), whatever is still running."""
+        tasks = []
+        t_next = self.t_start
+        while True:
+            i = self.next_index()
+            if i is None:
+                break
+            at = self.t_start + ramped(t_next - self.t_start, self.spec.ramp_s)
+            delay = at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self.deadline is not None and time.perf_counter() >= self.deadline:
+                break
+            tasks.append(self.send(*self.new_raw(i, at)))
+            t_next += self.rng.expovariate(rate) if self.spec.poisson else 1.0 / rate
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def closed_loop(self) -> None:
+        """`concurrency` slots, each sending its next request when its last one has ended."""
+        spec = self.spec
+
+        async def slot(j: int) -> None:
+            start = self.t_start + slot_start(j, spec.concurrency or 1, spec.ramp_s, spec.ramp_phase)
+            if start > time.perf_counter():
+                await asyncio.sleep(start - time.perf_counter())
+            while True:
+                i = self.next_index()
+                if i is None:
+                    return
+                r, payload = self.new_raw(i, None)
+                await _one(self.pool, self.head, payload, r, spec.timeout)
+                if spec.progress and len(self.raws) % 50 == 0:
+                    print(f"[bench] {len(self.raws)} requests issued", file=sys.stderr)
+        await asyncio.gather(*(slot(j) for j in range(spec.concurrency or 1)))
+
+
 async def run_load(spec: LoadSpec) -> dict:
     """Run the load; returns {"records": [...parsed...], "client_health": {...}, "wall_s", ...}."""
     pool = _Pool(spec.base_url.rstrip("/") + ("/chat/completions" if spec.endpoint == "chat" else "/completions"))
-    head = (f"POST {pool.path} HTTP/1.1\r\nHost: {pool.host}:{pool.port}\r\nContent-Type: application/json\r\n"
-            + (f"Authorization: Bearer {spec.api_key}\r\n" if spec.api_key else "")
-            + "Content-Length: %d\r\n\r\n").encode()
-    raws: list[RawRecord] = []
-    rng = random.Random(spec.seed)
-
-    def build(i: int) -> tuple[dict, bytes]:
-        req = spec.make_request(i)
-        return req, json.dumps(_body(spec, req)).encode()
-
-    # prompts (tokenized ones too) and JSON made before the clock when the count is known
-    built = {i: build(i) for i in range(spec.requests or 0)}
+    run = _LoadRun(spec, pool)
     try:
-        # warm-up: sequential, excluded from results
-        for k in range(spec.warmup):
-            r = RawRecord(index=-1 - k, warmup=True, scheduled=None)
-            await _one(pool, head, build(-1 - k)[1], r, spec.timeout)
+        await run.warm_up()
         if spec.concurrency:
             await pool.fill(spec.concurrency)
         health = HealthSampler()
         health.start()
-        t_start = time.perf_counter()
-        deadline = None if spec.duration is None else t_start + spec.duration
-        limit = spec.requests
-        counter = 0
-
-        def next_index() -> int | None:
-            nonlocal counter
-            if limit is not None and counter >= limit:
-                return None
-            if deadline is not None and time.perf_counter() >= deadline:
-                return None
-            counter += 1
-            return counter - 1
-
-        def new_raw(i: int, scheduled: float | None) -> tuple[RawRecord, bytes]:
-            req, payload = built.pop(i) if i in built else build(i)
-            r = RawRecord(index=i, warmup=False, scheduled=scheduled,
-                          expected_output_tokens=req.get("max_tokens"),
-                          expected_prompt_tokens=req.get("_prompt_tokens"))
-            raws.append(r)
-            return r, payload
-
+        run.start_clock()
         if spec.arrivals is not None:
-            tasks = []
-            for k, at in enumerate(spec.arrivals):
-                delay = t_start + at - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                r, payload = new_raw(k, t_start + at)
-                tasks.append(asyncio.ensure_future(_one(pool, head, payload, r, spec.timeout)))
-            if tasks:
-                await asyncio.gather(*tasks)
+            await run.replay(spec.arrivals)
         elif spec.rate:
-            tasks = []
-            t_next = t_start
-            while True:
-                i = next_index()
-                if i is None:
-                    break
-                at = t_start + ramped(t_next - t_start, spec.ramp_s)
-                delay = at - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if deadline is not None and time.perf_counter() >= deadline:
-                    break
-                r, payload = new_raw(i, at)
-                tasks.append(asyncio.ensure_future(_one(pool, head, payload, r, spec.timeout)))
-                gap = rng.expovariate(spec.rate) if spec.poisson else 1.0 / spec.rate
-                t_next += gap
-            if tasks:
-                await asyncio.gather(*tasks)
+            await run.open_loop(spec.rate)
         else:
-            async def worker(j: int) -> None:
-                start = t_start + slot_start(j, spec.concurrency or 1, spec.ramp_s, spec.ramp_phase)
-                if start > time.perf_counter():
-                    await asyncio.sleep(start - time.perf_counter())
-                while True:
-                    i = next_index()
-                    if i is None:
-                        return
-                    r, payload = new_raw(i, None)
-                    await _one(pool, head, payload, r, spec.timeout)
-                    if spec.progress and len(raws) % 50 == 0:
-                        print(f"[bench] {len(raws)} requests issued", file=sys.stderr)
-            await asyncio.gather(*(worker(j) for j in range(spec.concurrency or 1)))
+            await run.closed_loop()
         t_end = time.perf_counter()
         client_health = await health.stop()
     finally:
         pool.close()
-    records = [parse_record(r, t_start) for r in raws]
-    return {"records": records, "client_health": client_health, "wall_s": t_end - t_start, "t0": t_start,
+    records = [parse_record(r, run.t_start) for r in run.raws]
+    return {"records": records, "client_health": client_health, "wall_s": t_end - run.t_start, "t0": run.t_start,
             "mode": "open" if spec.rate or spec.arrivals is not None else "closed"}
 
 
