@@ -57,8 +57,6 @@ def cmd_compat(args) -> int:
 def cmd_bench(args) -> int:
     from validation import profiles
     from validation.bench import run_bench
-    from validation.reports.bench import Quantiles
-    from validation.server_metrics import side_by_side
     if args.profile:
         try:
             prof = profiles.get(args.profile)
@@ -79,6 +77,18 @@ def cmd_bench(args) -> int:
                     goodput_ttft_ms=args.goodput_ttft_ms, goodput_tpot_ms=args.goodput_tpot_ms,
                     seed=args.seed, workers=args.workers, progress=_err, tokenizer=args.tokenizer,
                     metrics_lag_s=args.metrics_lag_s, ramp_s=args.ramp_s)
+    _print_latencies(res, args)
+    _print_outcome(res)
+    _write_json(args.json, res)
+    if not res.requests_ok:
+        return 1
+    return 0
+
+
+def _print_latencies(res: BenchReport, args) -> None:
+    """The run's load, the client's latency quantiles, chunking, and client beside server per phase."""
+    from validation.reports.bench import Quantiles
+    from validation.server_metrics import side_by_side
     print(f"profile {res.profile}  load {res.load.mode} "
           f"{'c=' + str(args.concurrency) if args.concurrency else f'rate={args.rate}/s'}  "
           f"ok {res.requests_ok}  errors {res.errors}  wall {_fmt(res.wall_s)}s")
@@ -95,6 +105,11 @@ def cmd_bench(args) -> int:
     for r in rows:
         print(f"{r['phase']:8} client p50/p90/p99 " + "/".join(_fmt(r[f"client_{q}"]) for q in ("p50", "p90", "p99"))
               + "  server " + "/".join(_fmt(r[f"server_{q}"]) for q in ("p50", "p90", "p99")) + f"  ({r['metric']})")
+
+
+def _print_outcome(res: BenchReport) -> None:
+    """Throughput and goodput, the client's health, prompt lengths, the server's KV transfer, the
+    phase balance and the errors."""
     num = lambda v, spec: "-" if v is None else format(v, spec)   # noqa: E731
     print(f"throughput {num(res.request_throughput_rps, '.2f')} req/s, {num(res.output_token_throughput_tps, '.1f')} "
           f"tok/s; goodput {num(res.goodput_rps, '.2f')} req/s (attainment {num(res.slo_attainment, '.1%')})")
@@ -118,10 +133,6 @@ def cmd_bench(args) -> int:
         print(f"phase balance: {res.balance.get('verdict')}: " + "; ".join(res.balance.get("reasons") or []))
     if res.errors:
         print("errors: " + "; ".join(res.error_samples))
-    _write_json(args.json, res)
-    if not res.requests_ok:
-        return 1
-    return 0
 
 
 # ---- gate -----------------------------------------------------------------------------------
@@ -297,6 +308,17 @@ def cmd_plan_load(args) -> int:
 
 def register(sub, read_release: ReleaseReader | None = None) -> None:
     """The commands of validation/; `read_release` reads a release.yaml for gate and plan-load."""
+    _register_plan_load(sub, read_release)
+    _register_compat(sub)
+    _register_bench(sub)
+    _register_gate(sub, read_release)
+    from validation.diff.command import register as register_diff  # `pdops diff` (validation/diff/)
+    register_diff(sub)
+    from validation.reports.schema import register as register_schema  # `pdops schema` (validation/schemas/)
+    register_schema(sub)
+
+
+def _register_plan_load(sub, read_release: ReleaseReader | None) -> None:
     p = sub.add_parser("plan-load", help="block pairs a load needs to catch a regression, from a pilot bench JSON")
     p.add_argument("pilot", help="a bench JSON (`pdops bench --json`; interleaved: with blocks) or a report.json")
     p.add_argument("--release", help="overlays/<env>/release.yaml: its checks, loads and slo.statistics")
@@ -306,6 +328,8 @@ def register(sub, read_release: ReleaseReader | None = None) -> None:
     p.add_argument("--gpus", type=int, default=16, help="GPUs per deployment, for the cost line (default 16)")
     p.set_defaults(func=cmd_plan_load, read_release=read_release)
 
+
+def _register_compat(sub) -> None:
     p = sub.add_parser("compat", help="OpenAI-compatibility suite against a serving endpoint")
     p.add_argument("--base-url", required=True, type=_http_url, help="e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True)
@@ -316,6 +340,8 @@ def register(sub, read_release: ReleaseReader | None = None) -> None:
     p.add_argument("--json", type=_output_file, help="write result JSON here")
     p.set_defaults(func=cmd_compat)
 
+
+def _register_bench(sub) -> None:
     p = sub.add_parser("bench", help="streaming latency benchmark (TTFT, ITL, TPOT, goodput)")
     p.add_argument("--base-url", required=True, type=_http_url)
     p.add_argument("--model", required=True)
@@ -346,6 +372,8 @@ def register(sub, read_release: ReleaseReader | None = None) -> None:
     p.add_argument("--json", type=_output_file, help="write result JSON here")
     p.set_defaults(func=cmd_bench)
 
+
+def _register_gate(sub, read_release: ReleaseReader | None) -> None:
     p = sub.add_parser("gate", help="decide promote/rollback from compat + bench reports")
     p.add_argument("--compat", help="compat result JSON")
     p.add_argument("--bench", nargs="+", required=True, help="bench JSON file(s)")
@@ -357,11 +385,6 @@ def register(sub, read_release: ReleaseReader | None = None) -> None:
                    help="override slo.statistics.inconclusive (pd-canary: point_estimate, so a 16-request "
                         "check of the stable release acts only on what it measured)")
     p.set_defaults(func=cmd_gate, read_release=read_release)
-
-    from validation.diff.command import register as register_diff  # `pdops diff` (validation/diff/)
-    register_diff(sub)
-    from validation.reports.schema import register as register_schema  # `pdops schema` (validation/schemas/)
-    register_schema(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

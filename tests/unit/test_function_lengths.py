@@ -27,8 +27,6 @@ STILL_LONG: dict[str, int] = {
     "argo.build_canary": 75,
     "definitions.build_release": 80,
     "definitions.build_canary": 75,
-    "cli.cmd_bench": 68,
-    "cli.register": 67,
 }
 
 
