@@ -5,7 +5,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -18,7 +18,16 @@ from workflows.targets.base import Baseline, Endpoint, Progress, ReleaseRecord, 
 
 if TYPE_CHECKING:
     from validation.config import LoadProfile
-    from validation.reports import BenchReport, Decision, DiffReport, GoldenReport, ReleaseOutcome, ReportFiles
+    from validation.reports import (
+        BenchReport,
+        CompatReport,
+        Decision,
+        DiffReport,
+        GoldenReport,
+        ReleaseOutcome,
+        ReportFiles,
+    )
+    from validation.reports.release import ReleaseVerdict
 
 
 def build_config(overlay: Path) -> dict[str, Any]:
@@ -111,18 +120,79 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     loaded only by the benchmark); with `slo.vs_stable.measure: live` each load runs on the candidate
     and on it in paired blocks (workflows/pipeline/paired.py, validation/interleave.py) and `vs_stable` compares
     with that, never with `stable`; where no baseline runs, the gate is told why (fails closed)."""
-    from validation import compat as compat_suite, gate, golden, interleave, profiles, report, traces
-    from validation.bench import run_bench
-    from validation.prometheus import PrometheusSource
+    from validation import report
 
-    progress(f"[validate] compatibility suite against {endpoint.base_url}")
-    policy, timeout = spec.validation.compat, spec.validation.request_timeout_s
-    compat = compat_suite.run(endpoint.base_url, spec.model.id, api_key=api_key, optional=policy.optional,
-                              api_key_required=policy.api_key_required, progress=progress, timeout=timeout)
-    _dump(run / "compat.json", compat)
+    candidate = Candidate(endpoint, spec, run, progress, api_key)
+    compat = compat_suite(candidate)
+    loads = CandidateLoads(candidate, rendered, baseline_server, stable)
+    loads.first_look()
+    checks = reference_checks(candidate, reference, reference_url, reference_server, release_file)
+    decision = gate_over_looks(candidate, compat, loads, checks, current)
+    if rendered is not None and rendered.overlay is not None:
+        decision.advice = balance_advice(rendered, loads.benches, run, progress, loads.stable)
+    try:
+        files = report.write(run, decision, compat, loads.benches)
+    except OSError as exc:
+        raise RunFolderError(run, exc) from exc
+    return Validation(decision=decision, report=files, golden=checks.golden, benches=loads.benches,
+                      diff=checks.diff, stable_benches=loads.paired.benches() if loads.live else None)
 
-    def bench_of(load: LoadProfile, warmup: int, seed: int, on: Endpoint = endpoint, requests: int | None = None,
-                 duration: float | None = None) -> BenchReport:
+
+@dataclass(frozen=True)
+class Candidate:
+    """What each part of a candidate's validation needs: where it serves, its release, the run folder
+    the reports go to, the progress lines and the API key."""
+
+    endpoint: Endpoint
+    spec: ReleaseSpec
+    run: Path
+    progress: Progress
+    api_key: str | None = None
+
+
+def compat_suite(candidate: Candidate) -> CompatReport:
+    """The OpenAI-compatibility suite against the candidate (validation/compat.py), as RUN/compat.json."""
+    from validation import compat
+
+    endpoint, spec = candidate.endpoint, candidate.spec
+    candidate.progress(f"[validate] compatibility suite against {endpoint.base_url}")
+    policy = spec.validation.compat
+    result = compat.run(endpoint.base_url, spec.model.id, api_key=candidate.api_key, optional=policy.optional,
+                        api_key_required=policy.api_key_required, progress=candidate.progress,
+                        timeout=spec.validation.request_timeout_s)
+    _dump(candidate.run / "compat.json", result)
+    return result
+
+
+class CandidateLoads:
+    """The release's loads on the candidate, as RUN/bench-<i>-<profile>.json: alone, or with
+    `slo.vs_stable.measure: live` paired block by block with the baseline (workflows/pipeline/paired.py),
+    whose benches then replace the recorded `stable` ones `vs_stable` compares with."""
+
+    def __init__(self, candidate: Candidate, rendered: Rendered | None,
+                 baseline_server: Callable[[], AbstractContextManager[Baseline | Skipped]] | None,
+                 stable: list[dict] | None) -> None:
+        from workflows.pipeline.paired import PairedLoads
+
+        self.candidate, self.rendered = candidate, rendered
+        vs = candidate.spec.slo.vs_stable
+        self.live = vs is not None and vs.measure == "live"
+        no_server = lambda: nullcontext(Skipped("validation was given no way to start a baseline"))  # noqa: E731
+        self.paired = PairedLoads(baseline_server or no_server, self.bench_of, candidate.endpoint,
+                                  vs.blocks if vs is not None else 1, candidate.progress, _dump, candidate.run)
+        self.benches: list[BenchReport] = []
+        # BenchReports once measured live; gate.decide coerces either
+        self.stable: Sequence[BenchReport | dict[str, Any]] | None = stable
+        self.no_baseline: str | None = None   # why vs_stable has no live baseline to compare with
+
+    def bench_of(self, load: LoadProfile, warmup: int, seed: int, on: Endpoint | None = None,
+                 requests: int | None = None, duration: float | None = None) -> BenchReport:
+        """One run of `load` against `on` (default: the candidate), priced when the release is rendered."""
+        from validation import profiles, traces
+        from validation.bench import run_bench
+        from validation.prometheus import PrometheusSource
+
+        spec, on = self.candidate.spec, self.candidate.endpoint if on is None else on
         requests = requests if requests is not None else (load.requests if not load.duration_s else None)
         duration = duration if duration is not None else load.duration_s
         trace = traces.load(load.trace, load.trace_format, load.time_scale, load.requests) if load.trace else None
@@ -131,44 +201,71 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
                           requests=requests, duration=duration,
                           warmup=warmup, metrics_url=on.metrics_url,
                           metrics_select=on.metrics_labels or None,
-                          metrics_phases=on.metrics_phases or None, api_key=api_key,
+                          metrics_phases=on.metrics_phases or None, api_key=self.candidate.api_key,
                           goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
-                          metrics_lag_s=on.metrics_lag_s, progress=progress, timeout=timeout, trace=trace,
+                          metrics_lag_s=on.metrics_lag_s, progress=self.candidate.progress,
+                          timeout=spec.validation.request_timeout_s, trace=trace,
                           tokenizer=on.tokenizer, isolate=True, seed=seed, ramp_s=load.ramp_s,
                           poisson=load.arrival == "poisson",
                           balance_policy=spec.validation.balance,
                           metrics_source=PrometheusSource(spec.metrics.prometheus_url, on.prometheus_labels,
                                                           on.prometheus_phase_label, on.metrics_lag_s)
                           if spec.metrics.prometheus_url else None)
-        if rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
+        if self.rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from workflows.pipeline.pricing import bench_cost
-            bench.cost = bench_cost(bench, spec, rendered)
+            bench.cost = bench_cost(bench, spec, self.rendered)
         return bench
 
-    vs = spec.slo.vs_stable
-    from workflows.pipeline.paired import PairedLoads
-
-    no_server = lambda: nullcontext(Skipped("validation was given no way to start a baseline"))  # noqa: E731
-    live = vs is not None and vs.measure == "live"
-    paired = PairedLoads(baseline_server or no_server, bench_of,
-                         endpoint, vs.blocks if vs is not None else 1, progress, _dump, run)
-
-    def measure(i: int, load: LoadProfile, warmup: int, seed: int) -> BenchReport:
+    def measure(self, i: int, load: LoadProfile, warmup: int, seed: int) -> BenchReport:
         """One look at load #i: paired with the baseline (measure: live), else on the candidate alone."""
-        return paired.measure(i, load, warmup, seed) if live else bench_of(load, warmup, seed)
+        return self.paired.measure(i, load, warmup, seed) if self.live else self.bench_of(load, warmup, seed)
 
-    benches: list[BenchReport] = []
-    with paired:   # the baseline is released before the reference engine starts (workflows/pipeline/paired.py)
-        for i, load in enumerate(spec.validation.load):
-            bench = measure(i, load, load.warmup_requests, 0)
-            _dump(run / f"bench-{i}-{load.profile}.json", bench)
-            benches.append(bench)
-    no_baseline = None
-    if live:   # the baseline measured here, never a recorded one from another day (docs/gate.md)
-        stable = paired.benches()   # type: ignore[assignment]   # BenchReports; gate.decide coerces either
-        no_baseline = "; ".join(paired.missing) or None
-    matched: GoldenReport | None = None
-    diffed: DiffReport | None = None
+    def first_look(self) -> None:
+        """Every load once, with its warm-up."""
+        with self.paired:   # the baseline is released before the reference engine starts (workflows/pipeline/paired.py)
+            for i, load in enumerate(self.candidate.spec.validation.load):
+                bench = self.measure(i, load, load.warmup_requests, 0)
+                _dump(self.candidate.run / f"bench-{i}-{load.profile}.json", bench)
+                self.benches.append(bench)
+        self._baseline_measured()
+
+    def look_again(self, extend: list[int], look: int) -> None:
+        """The loads the gate found inconclusive once more, each merged with its earlier looks."""
+        from validation import interleave
+
+        spec, progress = self.candidate.spec, self.candidate.progress
+        with self.paired:
+            for i in extend:
+                load = spec.validation.load[i]
+                progress(f"[validate] load #{i} {load.profile} inconclusive: look {look} of "
+                         f"{spec.slo.statistics.max_looks}, the same load again")
+                self.benches[i] = interleave.combine(self.benches[i], self.measure(i, load, 0, look - 1))
+                _dump(self.candidate.run / f"bench-{i}-{load.profile}.json", self.benches[i])
+        self._baseline_measured()
+
+    def _baseline_measured(self) -> None:
+        if self.live:   # the baseline measured here, never a recorded one from another day (docs/gate.md)
+            self.stable = self.paired.benches()
+            self.no_baseline = "; ".join(self.paired.missing) or None
+
+
+@dataclass
+class ReferenceChecks:
+    """What the single-engine reference checked: golden tokens, the differential suite, and the checks
+    skipped with the target's reason (gate.decide reports them as skipped)."""
+
+    golden: GoldenReport | None = None
+    diff: DiffReport | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def reference_checks(candidate: Candidate, reference: list[dict] | None, reference_url: str | None,
+                     reference_server: Callable[[], AbstractContextManager[str | Skipped | None]] | None,
+                     release_file: Path | None) -> ReferenceChecks:
+    """Golden tokens and pdops diff against one single-engine reference: `reference_url`, or one
+    `reference_server` starts for both after the loads; golden answers come from it unless recorded
+    ones (`reference`) are given."""
+    spec, progress = candidate.spec, candidate.progress
     want_diff = spec.validation.diff and release_file is not None
     want_golden = reference is None and spec.validation.golden_prompts > 0
     server: AbstractContextManager[str | Skipped | None] = nullcontext(reference_url)
@@ -177,64 +274,80 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
         progress("[validate] validation.reference: none: golden tokens and diff skipped")
     elif reference_url is None and reference_server is not None and (want_diff or want_golden):
         server = reference_server()   # one reference engine serves both checks
-    skipped: dict[str, str] = {}
+    out = ReferenceChecks()
     with server as ref:
         ref_url = ref if isinstance(ref, str) else None
         if isinstance(ref, Skipped):   # reported as skipped checks with the target's reason (gate.decide)
-            skipped = {name: ref.reason for name, wanted in (("golden_tokens", want_golden), ("diff", want_diff))
-                       if wanted}
+            out.skipped = {name: ref.reason for name, wanted in (("golden_tokens", want_golden), ("diff", want_diff))
+                           if wanted}
         if want_golden and ref_url:
-            progress(f"[validate] golden tokens: the reference's answers from {ref_url}")
-            reference = golden.collect(ref_url, spec.model.id, golden.prompts(spec.validation.golden_prompts),
-                                       spec.validation.golden_max_tokens, None, timeout)
+            reference = _reference_answers(candidate, ref_url)
         if reference is not None:
-            progress(f"[validate] golden tokens: {len(reference)} prompts against the single-engine reference")
-            answers = golden.collect(endpoint.base_url, spec.model.id, golden.prompts(len(reference)),
-                                     spec.validation.golden_max_tokens, api_key, timeout)
-            matched = golden.compare(reference, answers)
-            _dump(run / "golden.json", matched)
-        # pdops diff (validation/diff/release.py): P/D vs the single-engine reference, request by request
+            out.golden = golden_tokens(candidate, reference)
         if want_diff and ref_url and release_file is not None:
-            from validation.diff.release import for_release
+            out.diff = differential_suite(candidate, ref_url, release_file)
+    return out
 
-            progress(f"[validate] differential suite: candidate vs single-engine reference {ref_url}")
-            scenario_files, known_file = spec_files(spec.validation, release_file)
-            try:
-                diffed = for_release(endpoint.base_url, ref_url, spec.model.id, scenario_files, known_file,
-                                     spec.validation.request_timeout_s, run, progress, api_key)
-            except OSError as exc:
-                raise RunFolderError(run / "diff.json", exc) from exc
-    replaced = replaced_engines(endpoint, current()) if current else None
-    block = spec.validation.balance.block
-    decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, balance_block=block,
-                           skipped=skipped, planned=spec.validation.load, no_baseline_reason=no_baseline)
+
+def _reference_answers(candidate: Candidate, ref_url: str) -> list[dict]:
+    from validation import golden
+
+    spec = candidate.spec
+    candidate.progress(f"[validate] golden tokens: the reference's answers from {ref_url}")
+    return golden.collect(ref_url, spec.model.id, golden.prompts(spec.validation.golden_prompts),
+                          spec.validation.golden_max_tokens, None, spec.validation.request_timeout_s)
+
+
+def golden_tokens(candidate: Candidate, reference: list[dict]) -> GoldenReport:
+    """The candidate's greedy answers to the reference's prompts, token by token, as RUN/golden.json."""
+    from validation import golden
+
+    spec = candidate.spec
+    candidate.progress(f"[validate] golden tokens: {len(reference)} prompts against the single-engine reference")
+    answers = golden.collect(candidate.endpoint.base_url, spec.model.id, golden.prompts(len(reference)),
+                             spec.validation.golden_max_tokens, candidate.api_key, spec.validation.request_timeout_s)
+    matched = golden.compare(reference, answers)
+    _dump(candidate.run / "golden.json", matched)
+    return matched
+
+
+def differential_suite(candidate: Candidate, ref_url: str, release_file: Path) -> DiffReport:
+    """The differential suite, `pdops diff` (validation/diff/release.py): P/D vs the single-engine
+    reference, request by request."""
+    from validation.diff.release import for_release
+
+    spec, run = candidate.spec, candidate.run
+    candidate.progress(f"[validate] differential suite: candidate vs single-engine reference {ref_url}")
+    scenario_files, known_file = spec_files(spec.validation, release_file)
+    try:
+        return for_release(candidate.endpoint.base_url, ref_url, spec.model.id, scenario_files, known_file,
+                           spec.validation.request_timeout_s, run, candidate.progress, candidate.api_key)
+    except OSError as exc:
+        raise RunFolderError(run / "diff.json", exc) from exc
+
+
+def gate_over_looks(candidate: Candidate, compat: CompatReport, loads: CandidateLoads, checks: ReferenceChecks,
+                    current: Callable[[], Endpoint] | None) -> Decision:
+    """The gate's decision; while it finds a load inconclusive (slo.statistics.inconclusive: extend,
+    validation/sequential.py), that load runs again and the gate decides on every look so far. The
+    extra loads run after the reference engine has stopped, so they have the machine the first had."""
+    from validation import gate
+
+    spec = candidate.spec
+
+    def decide(look: int) -> Decision:
+        replaced = replaced_engines(candidate.endpoint, current()) if current else None
+        return gate.decide(compat, loads.benches, spec.slo, loads.stable, checks.golden, replaced, checks.diff,
+                           look=look, balance_block=spec.validation.balance.block, skipped=checks.skipped,
+                           planned=spec.validation.load, no_baseline_reason=loads.no_baseline)
+
     look = 1
-    # slo.statistics.inconclusive: extend, looks remaining (validation/sequential.py); after the reference
-    # engine has stopped, so the extra loads have the machine the first ones had
+    decision = decide(look)
     while decision.extend:
         look += 1
-        with paired:
-            for i in decision.extend:
-                load = spec.validation.load[i]
-                progress(f"[validate] load #{i} {load.profile} inconclusive: look {look} of "
-                         f"{spec.slo.statistics.max_looks}, the same load again")
-                benches[i] = interleave.combine(benches[i], measure(i, load, 0, look - 1))
-                _dump(run / f"bench-{i}-{load.profile}.json", benches[i])
-        if live:
-            stable = paired.benches()   # type: ignore[assignment]
-            no_baseline = "; ".join(paired.missing) or None
-        replaced = replaced_engines(endpoint, current()) if current else None
-        decision = gate.decide(compat, benches, spec.slo, stable, matched, replaced, diffed, look=look,
-                               balance_block=block, skipped=skipped, planned=spec.validation.load,
-                               no_baseline_reason=no_baseline)
-    if rendered is not None and rendered.overlay is not None:
-        decision.advice = balance_advice(rendered, benches, run, progress, stable)
-    try:
-        files = report.write(run, decision, compat, benches)
-    except OSError as exc:
-        raise RunFolderError(run, exc) from exc
-    return Validation(decision=decision, report=files, golden=matched, benches=benches, diff=diffed,
-                      stable_benches=paired.benches() if live else None)
+        loads.look_again(decision.extend, look)
+        decision = decide(look)
+    return decision
 
 
 def balance_advice(rendered: Rendered, benches: list[BenchReport], run: Path, progress: Progress,
@@ -307,12 +420,7 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
                           f"({digest[7:19]})",
                           ["roll the overlay out first, or validate the revision that is deployed"])
     if reference is _FETCH:
-        reference = None
-        if spec.validation.golden_prompts and not spec.validation.diff and spec.validation.reference != "none":
-            from validation import golden
-
-            reference = target.reference(record, golden.prompts(spec.validation.golden_prompts),
-                                         spec.validation.golden_max_tokens, progress)
+        reference = golden_reference(target, record, spec, progress)
     baseline = stable_baseline(status.last_good if slot == "candidate" else record, progress)
     endpoint = target.endpoint(slot)  # type: ignore[arg-type]
     # vs_stable measured live: against a baseline of the stable release (Target.baseline_server), never
@@ -330,6 +438,18 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
                                 baseline_server=baseline_server)
     result.release = record.short()
     return result
+
+
+def golden_reference(target: Target, record: ReleaseRecord, spec: ReleaseSpec,
+                     progress: Progress) -> list[dict] | None:
+    """The target's reference answers to the golden prompts, or None where they come from elsewhere or
+    nowhere: golden tokens off, the diff on (its reference engine answers them), validation.reference none."""
+    if not (spec.validation.golden_prompts and not spec.validation.diff and spec.validation.reference != "none"):
+        return None
+    from validation import golden
+
+    return target.reference(record, golden.prompts(spec.validation.golden_prompts),
+                            spec.validation.golden_max_tokens, progress)
 
 
 def baseline_of_stable(target: Target, stable: ReleaseRecord | None,
@@ -421,35 +541,13 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
     Nothing is applied before build-config and every check pass. Once the candidate is applied,
     every way out (verdict rollback, target failure, crash of a step, Ctrl-C) ends in rollback, so
     the stable slot is never left beside a half-done candidate."""
-    from validation.reports.release import ReleaseOutcome, ReleaseVerdict
-    from workflows.checks.schema import schema_dir_from_env
+    from validation.reports.release import ReleaseOutcome
 
-    started = time.monotonic()
     outcome = ReleaseOutcome(overlay=str(overlay), run=str(run), target=target.kind)
-
-    def finish(verdict: ReleaseVerdict, reasons: list[str], action: str | None = None) -> ReleaseOutcome:
-        outcome.verdict, outcome.reasons, outcome.action = verdict, reasons, action
-        outcome.seconds = round(time.monotonic() - started, 1)
-        try:
-            _dump(run / "release.json", outcome)
-        except RunFolderError as exc:  # the verdict stands: it is printed and in the target's history
-            progress(f"[release] {exc}; the outcome is printed only")
-        return outcome
-
-    from workflows.render.manifest import dump_yaml
-
-    progress("[1/5 build-config] release spec -> Ray Serve LLM config (validated by Ray's own models) -> "
-             "kustomize render")
-    rendered = load_release(str(overlay), None)
-    _write(run / "serve-config.yaml", dump_yaml(rendered.serve_config))
-    progress("[2/5 check] cross-layer rules and pinned schemas, before anything is applied")
-    findings = check_rendered(rendered, schema_dir or schema_dir_from_env())
-    _dump(run / "check.json", [f.to_dict() for f in findings])
-    for warning in (f for f in findings if f.severity == "warning"):
-        progress(f"[check] {warning.render()}")
-    if blocking(findings):
-        return finish("blocked", [f.render() for f in blocking(findings)])
-    _write(run / "manifest.yaml", rendered.text())
+    finish = _finisher(outcome, run, progress)
+    rendered, blocked = render_and_check(overlay, run, progress, schema_dir)
+    if blocked:
+        return finish("blocked", blocked)
     spec = rendered.spec
     assert spec is not None
     record = record_of(rendered, revision or revision_of(overlay))
@@ -460,14 +558,8 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
         if settled.unchanged:
             return finish("unchanged", ["the rendered manifest equals the stable release's"
                                         + ("; restored it" if settled.action else "")], action=settled.action)
-
-        reference: Any = _FETCH   # with the diff on, golden answers come from its reference engine
-        if spec.validation.golden_prompts and not spec.validation.diff and spec.validation.reference != "none":
-            from validation import golden
-
-            reference = target.reference(record, golden.prompts(spec.validation.golden_prompts),
-                                         spec.validation.golden_max_tokens, progress)
-
+        # with the diff on, golden answers come from its reference engine; else fetched before the rollout
+        reference = golden_reference(target, record, spec, progress)
         progress(f"[3/5 rollout] {record.short()} as the candidate on the {target.kind} target")
         try:
             record = target.apply(record, progress)
@@ -494,3 +586,43 @@ def release(overlay: Path, target: Target, run: Path, progress: Progress, *, rev
         progress(f"[5/5 rollback] {decision.failed} gate check(s) failed")
         undo = target.rollback(decision.reasons, str(run), progress)
         return finish("rollback", decision.reasons, action=undo)
+
+
+def _finisher(outcome: ReleaseOutcome, run: Path,
+              progress: Progress) -> Callable[..., ReleaseOutcome]:
+    """finish(verdict, reasons, action=None): the outcome completed, timed from now and written to
+    RUN/release.json (a run folder that stopped taking writes leaves it printed only)."""
+    started = time.monotonic()
+
+    def finish(verdict: ReleaseVerdict, reasons: list[str], action: str | None = None) -> ReleaseOutcome:
+        outcome.verdict, outcome.reasons, outcome.action = verdict, reasons, action
+        outcome.seconds = round(time.monotonic() - started, 1)
+        try:
+            _dump(run / "release.json", outcome)
+        except RunFolderError as exc:  # the verdict stands: it is printed and in the target's history
+            progress(f"[release] {exc}; the outcome is printed only")
+        return outcome
+
+    return finish
+
+
+def render_and_check(overlay: Path, run: Path, progress: Progress,
+                     schema_dir: Path | None) -> tuple[Rendered, list[str]]:
+    """Steps 1 and 2: the overlay rendered (RUN/serve-config.yaml, RUN/manifest.yaml) and checked
+    (RUN/check.json); the blocking findings, empty when the release may roll out."""
+    from workflows.checks.schema import schema_dir_from_env
+    from workflows.render.manifest import dump_yaml
+
+    progress("[1/5 build-config] release spec -> Ray Serve LLM config (validated by Ray's own models) -> "
+             "kustomize render")
+    rendered = load_release(str(overlay), None)
+    _write(run / "serve-config.yaml", dump_yaml(rendered.serve_config))
+    progress("[2/5 check] cross-layer rules and pinned schemas, before anything is applied")
+    findings = check_rendered(rendered, schema_dir or schema_dir_from_env())
+    _dump(run / "check.json", [f.to_dict() for f in findings])
+    for warning in (f for f in findings if f.severity == "warning"):
+        progress(f"[check] {warning.render()}")
+    if blocking(findings):
+        return rendered, [f.render() for f in blocking(findings)]
+    _write(run / "manifest.yaml", rendered.text())
+    return rendered, []
