@@ -109,7 +109,7 @@ def main() -> int:
               f"{kv.get('nixl_failed_transfers', 0):.0f} failed transfers")
 
         from validation import profiles
-        from validation.bench import run_bench
+        from validation.bench import BenchConfig, run_bench
         from workflows.targets.local_stack import Ports, ReferenceEngine
 
         load = spec["validation"]["load"][0]
@@ -118,9 +118,9 @@ def main() -> int:
         with ReferenceEngine(home / "bench", Ports.from_base(args.port_base).reference, str(model_dir), "pdops-tiny",
                              {"enforce_eager": True, "max_model_len": 1024}) as ref:
             ref.wait_ready(lambda m: None)
-            single = run_bench(ref.base_url, "pdops-tiny", profiles.get(load["profile"]),
-                               concurrency=load["concurrency"], requests=load["requests"],
-                               warmup=load["warmup_requests"]).json_data()   # read like the run's bench JSON
+            single = run_bench(BenchConfig(ref.base_url, "pdops-tiny", profiles.get(load["profile"]),
+                                           concurrency=load["concurrency"], requests=load["requests"],
+                                           warmup=load["warmup_requests"])).json_data()   # read like the run's bench JSON
         print(f"\nP/D vs single engine, {load['profile']} c={load['concurrency']} x{load['requests']} (client, ms)")
         print("                      TTFT p50  TTFT p90  TPOT p50  TPOT p90")
         for label, b in (("Ray Serve LLM P/D", bench), ("single vLLM engine", single)):

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests import prometheus_support as prom  # noqa: E402
 from validation import profiles  # noqa: E402
-from validation.bench import run_bench  # noqa: E402
+from validation.bench import BenchConfig, run_bench  # noqa: E402
 from validation.prometheus import PrometheusSource  # noqa: E402
 from validation.server_metrics import RAY_METRICS_LAG_S, Scraper  # noqa: E402
 from workflows.targets.local import LocalTarget  # noqa: E402
@@ -79,11 +79,11 @@ def main() -> int:
             reference = Scraper(endpoint.metrics_url, endpoint.metrics_labels or None,
                                 endpoint.metrics_phases or None, lag_s=RAY_METRICS_LAG_S)
             reference.before()
-            bench = run_bench(endpoint.base_url, record.model, profiles.get("balanced"),
-                              concurrency=args.concurrency, requests=args.requests,
-                              metrics_url=endpoint.metrics_url, metrics_select=endpoint.metrics_labels or None,
-                              metrics_phases=endpoint.metrics_phases or None, metrics_lag_s=RAY_METRICS_LAG_S,
-                              tokenizer=endpoint.tokenizer, metrics_source=source, progress=print)
+            bench = run_bench(BenchConfig(endpoint.base_url, record.model, profiles.get("balanced"),
+                                          concurrency=args.concurrency, requests=args.requests,
+                                          metrics_url=endpoint.metrics_url, metrics_select=endpoint.metrics_labels or None,
+                                          metrics_phases=endpoint.metrics_phases or None, metrics_lag_s=RAY_METRICS_LAG_S,
+                                          tokenizer=endpoint.tokenizer, metrics_source=source, progress=print))
             direct = reference.window(0.0, 0.0, bench.requests_ok)
     assert bench.server is not None
     print(json.dumps({"prometheus": prom.version(), "scrape_interval": args.interval,

@@ -16,7 +16,7 @@ from validation.reports.bench import BenchReport, Quantiles
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What one benchmark run sends, where it sends it and what it watches (`run_bench`).
+    """What one benchmark run sends, where it sends it and what it watches: `run_bench(BenchConfig(...))`.
 
     The load: exactly one of `concurrency` (closed loop) or `rate` (open loop, `poisson` arrivals or
     evenly spaced), and `requests` and/or `duration`; `warmup` requests go first, outside the window.
@@ -70,30 +70,7 @@ class BenchConfig:
     keep_samples: bool = True
 
 
-def run_bench(base_url: str, model: str, profile: profiles.Profile, concurrency: int | None = None,
-              rate: float | None = None, poisson: bool = False, requests: int | None = None,
-              duration: float | None = None, warmup: int = 0, metrics_url: str | None = None,
-              api_key: str | None = None, endpoint: str = "chat", goodput_ttft_ms: float | None = None,
-              goodput_tpot_ms: float | None = None, seed: int = 0, keep_samples: bool = True, workers: int = 1,
-              metrics_select: dict[str, list[str]] | None = None,
-              metrics_phases: dict[str, dict[str, list[str]]] | None = None,
-              progress: Callable[[str], None] | None = None, tokenizer: str | None = None,
-              timeout: float = 600.0, metrics_lag_s: float = 0.0, trace: traces.Trace | None = None,
-              isolate: bool = False, balance_policy: BalancePolicy | None = None,
-              sample_interval_s: float | None = None,
-              metrics_source: server_metrics.MetricsSource | None = None, ramp_s: float = 0.0) -> BenchReport:
-    """One benchmark run with the settings of BenchConfig (its docstring says what each does)."""
-    return bench(BenchConfig(
-        base_url, model, profile, concurrency=concurrency, rate=rate, poisson=poisson, requests=requests,
-        duration=duration, warmup=warmup, api_key=api_key, endpoint=endpoint, seed=seed, tokenizer=tokenizer,
-        timeout=timeout, trace=trace, ramp_s=ramp_s, workers=workers, isolate=isolate, progress=progress,
-        metrics_url=metrics_url, metrics_select=metrics_select, metrics_phases=metrics_phases,
-        metrics_lag_s=metrics_lag_s, sample_interval_s=sample_interval_s, metrics_source=metrics_source,
-        balance_policy=balance_policy, goodput_ttft_ms=goodput_ttft_ms, goodput_tpot_ms=goodput_tpot_ms,
-        keep_samples=keep_samples))
-
-
-def bench(config: BenchConfig) -> BenchReport:
+def run_bench(config: BenchConfig) -> BenchReport:
     """Warm up, open the server's metrics window, run the load, close the window, report."""
     cfg = _with_trace_load(config)
     spec = _load_spec(cfg)

@@ -56,7 +56,7 @@ def cmd_compat(args) -> int:
 # ---- bench ----------------------------------------------------------------------------------
 def cmd_bench(args) -> int:
     from validation import profiles
-    from validation.bench import run_bench
+    from validation.bench import BenchConfig, run_bench
     if args.profile:
         try:
             prof = profiles.get(args.profile)
@@ -71,12 +71,12 @@ def cmd_bench(args) -> int:
     if args.requests is None and args.duration is None:
         args.requests = 32
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
-    res = run_bench(args.base_url, args.model, prof, concurrency=args.concurrency, rate=args.rate,
-                    poisson=args.poisson, requests=args.requests, duration=args.duration, warmup=args.warmup,
-                    metrics_url=args.metrics_url, api_key=api_key, endpoint=args.endpoint,
-                    goodput_ttft_ms=args.goodput_ttft_ms, goodput_tpot_ms=args.goodput_tpot_ms,
-                    seed=args.seed, workers=args.workers, progress=_err, tokenizer=args.tokenizer,
-                    metrics_lag_s=args.metrics_lag_s, ramp_s=args.ramp_s)
+    res = run_bench(BenchConfig(
+        args.base_url, args.model, prof, concurrency=args.concurrency, rate=args.rate, poisson=args.poisson,
+        requests=args.requests, duration=args.duration, warmup=args.warmup, ramp_s=args.ramp_s,
+        api_key=api_key, endpoint=args.endpoint, seed=args.seed, tokenizer=args.tokenizer,
+        workers=args.workers, progress=_err, metrics_url=args.metrics_url, metrics_lag_s=args.metrics_lag_s,
+        goodput_ttft_ms=args.goodput_ttft_ms, goodput_tpot_ms=args.goodput_tpot_ms))
     _print_latencies(res, args)
     _print_outcome(res)
     _write_json(args.json, res)

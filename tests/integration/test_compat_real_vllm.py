@@ -29,10 +29,10 @@ def test_compat_suite_passes_on_real_vllm(vllm_server):
 
 def test_bench_measures_real_vllm_and_joins_server_histograms(vllm_server):
     from validation import profiles
-    from validation.bench import run_bench
+    from validation.bench import BenchConfig, run_bench
 
-    result = run_bench(vllm_server + "/v1", "pdops-tiny", profiles.custom(32, 16), concurrency=2, requests=6,
-                       metrics_url=vllm_server + "/metrics")
+    result = run_bench(BenchConfig(vllm_server + "/v1", "pdops-tiny", profiles.custom(32, 16), concurrency=2, requests=6,
+                                   metrics_url=vllm_server + "/metrics"))
     assert result.requests_ok == 6 and result.errors == 0
     assert result.lengths.output_mismatches == 0  # ignore_eos: exactly the asked-for tokens, by usage
     server = result.server.histograms["time_to_first_token_seconds"]

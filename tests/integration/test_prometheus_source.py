@@ -15,7 +15,7 @@ from tests.fakes.known_timing_server import KnownTimingServer
 from tests.fakes.pd_queues import ITL_BUCKETS, QUEUE_BUCKETS, PDQueues
 from tests.fakes.restarting_engine import RestartingEngine
 from validation import profiles
-from validation.bench import run_bench
+from validation.bench import BenchConfig, run_bench
 from validation.config import SLO
 from validation.gate import decide
 from validation.prometheus import PrometheusSource
@@ -81,8 +81,8 @@ def test_promql_figures_equal_the_direct_scrape_of_the_same_run(tmp_path):
             source = PrometheusSource(server.url, SLOT, PHASE)
             reference = Scraper(direct_url)
             reference.before()
-            bench = run_bench(srv.base_url, "fake-model", profiles.custom(32, 16), concurrency=4, duration=12.0,
-                              metrics_url=direct_url, metrics_source=source)
+            bench = run_bench(BenchConfig(srv.base_url, "fake-model", profiles.custom(32, 16), concurrency=4, duration=12.0,
+                                          metrics_url=direct_url, metrics_source=source))
             direct = reference.window(0.0, 0.0, bench.requests_ok)
     assert direct.error is None and bench.server is not None and bench.server.error is None, bench.server
     got = bench.server
@@ -162,8 +162,8 @@ def test_unreachable_prometheus_fails_the_gate_closed():
     requires KV-transfer evidence rolls back on it, as it does for a failed direct scrape."""
     closed = prom._free_port()
     with KnownTimingServer(first_token_delay=0.0, inter_token_delay=0.002, tokens=4) as srv:
-        bench = run_bench(srv.base_url, "fake-model", profiles.custom(8, 4), concurrency=2, requests=10,
-                          metrics_source=PrometheusSource(f"http://127.0.0.1:{closed}", SLOT, PHASE))
+        bench = run_bench(BenchConfig(srv.base_url, "fake-model", profiles.custom(8, 4), concurrency=2, requests=10,
+                                      metrics_source=PrometheusSource(f"http://127.0.0.1:{closed}", SLOT, PHASE)))
     server = bench.server
     assert isinstance(server, ServerMetrics) and server.error and "unreachable" in server.error
     assert not server.histograms and server.kv is None

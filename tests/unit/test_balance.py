@@ -9,7 +9,7 @@ from tests.fakes.known_timing_server import KnownTimingServer
 from tests.fakes.pd_queues import PDQueues
 from validation import profiles
 from validation.balance import Balance, judge, markdown_lines
-from validation.bench import run_bench
+from validation.bench import BenchConfig, run_bench
 from validation.config import BalancePolicy
 from validation.reports.bench import BenchReport
 
@@ -27,9 +27,9 @@ CASES = {
 def bench(pd: PDQueues, prof, interval: float = 0.2, policy: BalancePolicy | None = None,
           phases: bool = True) -> BenchReport:
     with KnownTimingServer(first_token_delay=0.0, inter_token_delay=0.005, tokens=64, pd=pd) as srv:
-        return run_bench(srv.base_url, "fake-model", prof, concurrency=12, requests=60,
-                         metrics_url=srv.base_url[:-3] + "/metrics", metrics_phases=pd.phases if phases else None,
-                         sample_interval_s=interval, balance_policy=policy)
+        return run_bench(BenchConfig(srv.base_url, "fake-model", prof, concurrency=12, requests=60,
+                                     metrics_url=srv.base_url[:-3] + "/metrics", metrics_phases=pd.phases if phases else None,
+                                     sample_interval_s=interval, balance_policy=policy))
 
 
 @pytest.mark.parametrize("verdict", list(CASES))
@@ -101,8 +101,8 @@ def test_per_pod_sources_tagged_by_phase_give_the_same_verdict():
     pd, prof = CASES["decode-bound"]
     with KnownTimingServer(first_token_delay=0.0, inter_token_delay=0.005, tokens=64, pd=pd) as srv:
         root = srv.base_url[:-3]
-        b = run_bench(srv.base_url, "fake-model", prof, concurrency=12, requests=60, sample_interval_s=0.2,
-                      metrics_url=f"{root}/metrics/prefill#prefill,{root}/metrics/decode#decode")
+        b = run_bench(BenchConfig(srv.base_url, "fake-model", prof, concurrency=12, requests=60, sample_interval_s=0.2,
+                                  metrics_url=f"{root}/metrics/prefill#prefill,{root}/metrics/decode#decode"))
     bal = Balance.model_validate(b.balance)
     assert bal.verdict == "decode-bound" and {p.engines for p in bal.phases.values()} == {1}
     assert bal.phases["decode"].waiting_from == "gauges" and bal.phases["decode"].requests == 60

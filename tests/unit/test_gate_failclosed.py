@@ -14,7 +14,7 @@ import pytest
 
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import error_rates, gate_inputs, metrics, profiles
-from validation.bench import run_bench
+from validation.bench import BenchConfig, run_bench
 from validation.config import SLO, LoadProfile, PrefillSLO, VsStable
 from validation.gate import decide
 from validation.reports.bench import BenchReport
@@ -224,7 +224,7 @@ def test_what_the_bench_writes_passes_the_input_checks_and_counts_every_request(
     (no 0 ms TPOT: the client saw every token in one read, so TPOT is null), and `samples.outcomes`
     has one entry per measured request."""
     with KnownTimingServer(first_token_delay=0.0, inter_token_delay=0.0, tokens=8) as srv:
-        b = run_bench(srv.base_url, srv.model, profiles.get("balanced"), concurrency=2, requests=40, seed=0)
+        b = run_bench(BenchConfig(srv.base_url, srv.model, profiles.get("balanced"), concurrency=2, requests=40, seed=0))
     assert gate_inputs.problems(b) == []
     assert b.samples.outcomes == [1] * 40 and min(b.samples.ttft) > 0 and not b.samples.tpot
 

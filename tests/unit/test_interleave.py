@@ -245,7 +245,7 @@ def test_foreign_requests_on_the_baseline_void_the_block(faster_stable):
     """Someone else's requests reach the baseline while a block runs: its engines count more requests
     in the window than the benchmark sent, so the block (and its pair) cannot count."""
     from validation import profiles
-    from validation.bench import run_bench
+    from validation.bench import BenchConfig, run_bench
 
     def intruder():
         time.sleep(0.3)
@@ -256,13 +256,13 @@ def test_foreign_requests_on_the_baseline_void_the_block(faster_stable):
             urllib.request.urlopen(req, timeout=10).read()  # noqa: S310 - 127.0.0.1
 
     ep = endpoint(faster_stable)
-    quiet = run_bench(ep.base_url, "pdops-tiny", profiles.get("balanced"), concurrency=1, requests=6,
-                      metrics_url=ep.metrics_url)
+    quiet = run_bench(BenchConfig(ep.base_url, "pdops-tiny", profiles.get("balanced"), concurrency=1, requests=6,
+                                  metrics_url=ep.metrics_url))
     assert interleave.foreign_requests(quiet) is None
     thread = threading.Thread(target=intruder)
     thread.start()
-    busy = run_bench(ep.base_url, "pdops-tiny", profiles.get("balanced"), concurrency=1, requests=30,
-                     metrics_url=ep.metrics_url)
+    busy = run_bench(BenchConfig(ep.base_url, "pdops-tiny", profiles.get("balanced"), concurrency=1, requests=30,
+                                 metrics_url=ep.metrics_url))
     thread.join()
     why = interleave.foreign_requests(busy)
     assert why is not None and "3 were not ours" in why and "sent 30" in why

@@ -13,7 +13,7 @@ from kubernetes import client
 
 from tests.kube_support import LOCAL_NS, Lines, cluster, eventually, history, live, manifests, record, release, target  # noqa: F401
 from validation import profiles
-from validation.bench import run_bench
+from validation.bench import BenchConfig, run_bench
 from workflows.targets.base import TargetError
 
 
@@ -29,8 +29,8 @@ def test_candidate_metrics_come_from_every_worker_pod_per_phase_with_kv_transfer
     endpoint = t.wait_ready(30, Lines())
     workers = {p["status"]["podIP"] for p in live(cluster, "pods").values()
                if p["metadata"]["labels"]["pdops.dev/colour"] == "green" and p["metadata"]["labels"]["ray.io/node-type"] == "worker"}
-    bench = run_bench(cluster.resolve(endpoint.base_url), "pdops-tiny", profiles.get("balanced"), concurrency=2, requests=6,
-                      metrics_url=_resolve(cluster, endpoint.metrics_url), metrics_lag_s=endpoint.metrics_lag_s)
+    bench = run_bench(BenchConfig(cluster.resolve(endpoint.base_url), "pdops-tiny", profiles.get("balanced"), concurrency=2, requests=6,
+                                  metrics_url=_resolve(cluster, endpoint.metrics_url), metrics_lag_s=endpoint.metrics_lag_s))
     server = bench.server
     assert bench.requests_ok == 6 and server is not None and server.error is None
     assert server.kv is not None and server.kv.kv_transfer_observed and server.requests_seen == 6

@@ -8,7 +8,7 @@ import numpy as np
 
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import metrics, profiles
-from validation.bench import run_bench
+from validation.bench import BenchConfig, run_bench
 from validation.cli import main
 from workflows.cli.main import main as pdops
 
@@ -16,7 +16,7 @@ from workflows.cli.main import main as pdops
 def test_jittered_fake_to_samples_to_plan_load(tmp_path, capsys):
     with KnownTimingServer(first_token_delay=0.05, inter_token_delay=0.004, tokens=12, ttft_spread=0.4,
                            itl_spread=0.2, gap_spread=0.0, jitter_seed=3) as srv:
-        b = run_bench(srv.base_url, srv.model, profiles.get("balanced"), concurrency=8, requests=120, seed=1)
+        b = run_bench(BenchConfig(srv.base_url, srv.model, profiles.get("balanced"), concurrency=8, requests=120, seed=1))
     s = b.samples
     assert len(s.ttft) == len(s.itl_counts) == 120 and sum(s.itl_counts) == len(s.itl) == 120 * 11
     # the configured spread comes back (client overhead adds ~1 ms to a 50 ms median)

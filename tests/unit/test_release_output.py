@@ -14,7 +14,7 @@ import sys
 from tests.conftest import ROOT
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import compat, profiles
-from validation.bench import run_bench
+from validation.bench import BenchConfig, run_bench
 
 LONG_FLOAT = re.compile(r"\d+\.\d{3,}")
 
@@ -22,7 +22,7 @@ LONG_FLOAT = re.compile(r"\d+\.\d{3,}")
 def test_bench_and_compat_progress_lines_carry_rounded_numbers():
     lines: list[str] = []
     with KnownTimingServer(first_token_delay=0.0123456, inter_token_delay=0.001, tokens=4, model="m") as srv:
-        run_bench(srv.base_url, "m", profiles.custom(16, 4), concurrency=2, requests=4, progress=lines.append)
+        run_bench(BenchConfig(srv.base_url, "m", profiles.custom(16, 4), concurrency=2, requests=4, progress=lines.append))
         compat.run(srv.base_url, "m", progress=lines.append, only=["models_list", "chat_nonstream_shape"])
     assert lines and not [line for line in lines if LONG_FLOAT.search(line)], lines
     assert "[bench] custom-16-4: concurrency 2, 4 requests" in lines
@@ -60,7 +60,7 @@ def test_release_bench_runs_the_client_in_its_own_process_at_a_higher_priority()
     from validation import loadgen
 
     with KnownTimingServer(first_token_delay=0.01, inter_token_delay=0.001, tokens=4, model="m") as srv:
-        bench = run_bench(srv.base_url, "m", profiles.custom(16, 4), concurrency=2, requests=4, isolate=True)
+        bench = run_bench(BenchConfig(srv.base_url, "m", profiles.custom(16, 4), concurrency=2, requests=4, isolate=True))
     assert bench.requests_ok == 4
     machine = bench.client_health.machine
     permitted = os.geteuid() == 0   # CAP_SYS_NICE
@@ -73,7 +73,7 @@ def test_a_starved_client_on_an_oversubscribed_machine_says_why_its_figures_cann
     monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", -1.0)          # every run counts as starved
     monkeypatch.setattr("validation.loadgen.os.getloadavg", lambda: (14.2, 9.0, 5.0))
     with KnownTimingServer(first_token_delay=0.01, inter_token_delay=0.001, tokens=4, model="m") as srv:
-        bench = run_bench(srv.base_url, "m", profiles.custom(16, 4), concurrency=2, requests=4, isolate=True)
+        bench = run_bench(BenchConfig(srv.base_url, "m", profiles.custom(16, 4), concurrency=2, requests=4, isolate=True))
     health = bench.client_health
     assert health.client_bottleneck
     why = [r for r in health.reasons if "oversubscribed" in r]

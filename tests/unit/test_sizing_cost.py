@@ -9,7 +9,7 @@ import pytest
 
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles
-from validation.bench import run_bench
+from validation.bench import BenchConfig, run_bench
 from validation.config import SLO, VsStable
 from workflows.pipeline.pricing import bench_cost
 from validation.gate import decide
@@ -61,7 +61,7 @@ def test_size_command_json(capsys, monkeypatch):
 def fake_bench():
     # 64-word prompts, 32 tokens out, 20 ms to first token then 5 ms per token: about 0.18 s a request.
     with KnownTimingServer(first_token_delay=0.02, inter_token_delay=0.005, tokens=32) as s:
-        return run_bench(s.base_url, "fake-model", profiles.custom(64, 32), concurrency=4, requests=24).json_data()
+        return run_bench(BenchConfig(s.base_url, "fake-model", profiles.custom(64, 32), concurrency=4, requests=24)).json_data()
 
 
 def test_bench_reports_input_tokens_from_usage(fake_bench):

@@ -15,7 +15,7 @@ import yaml
 from tests.conftest import ROOT
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles, traces
-from validation.bench import run_bench
+from validation.bench import BenchConfig, run_bench
 from workflows.errors import InputError
 
 MOONCAKE = [{"timestamp": 3052, "input_length": 40, "output_length": 3, "hash_ids": [0, 1]},
@@ -75,8 +75,8 @@ def test_replay_sends_each_request_at_its_arrival_with_its_lengths():
     lines = [traces.TraceRequest(a, p, o) for a, p, o in [(0.0, 12, 3), (0.0, 30, 6), (0.2, 7, 2), (0.45, 50, 4)]]
     trace = traces.Trace("t", tuple(lines))
     with KnownTimingServer(first_token_delay=0.01, inter_token_delay=0.002, tokens=16, model="m") as srv:
-        bench = run_bench(srv.base_url, "m", profiles.get("balanced"), trace=trace, endpoint="completions",
-                          keep_samples=False)
+        bench = run_bench(BenchConfig(srv.base_url, "m", profiles.get("balanced"), trace=trace, endpoint="completions",
+                                      keep_samples=False))
     assert bench.load.mode == "open" and bench.load.trace == "t" and bench.requests_ok == 4
     assert bench.output_tokens.max == 6 and bench.output_tokens.mean == pytest.approx(3.75)
     assert bench.lengths.checked == 4 and bench.lengths.output_mismatches == 0

@@ -6,7 +6,7 @@ import pytest
 
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles, report
-from validation.bench import run_bench
+from validation.bench import BenchConfig, run_bench
 from validation.config import SLO, DecodeSLO
 from validation.gate import decide
 
@@ -21,8 +21,8 @@ def _itl_check(bench):
 @pytest.fixture(scope="module")
 def batched():
     with KnownTimingServer(first_token_delay=0.02, inter_token_delay=0.005, tokens=16, tokens_per_chunk=4) as s:
-        yield run_bench(s.base_url, "fake-model", profiles.custom(8, 16), concurrency=2, requests=6,
-                        metrics_url=f"http://127.0.0.1:{s.port}/metrics")
+        yield run_bench(BenchConfig(s.base_url, "fake-model", profiles.custom(8, 16), concurrency=2, requests=6,
+                                    metrics_url=f"http://127.0.0.1:{s.port}/metrics"))
 
 
 def test_chunk_level_itl_is_marked(batched):
@@ -55,8 +55,8 @@ def test_report_shows_client_and_server_side_by_side(batched):
 
 def test_one_token_per_chunk_keeps_client_itl():
     with KnownTimingServer(first_token_delay=0.01, inter_token_delay=0.002, tokens=8) as s:
-        b = run_bench(s.base_url, "fake-model", profiles.custom(8, 8), concurrency=1, requests=2,
-                      metrics_url=f"http://127.0.0.1:{s.port}/metrics")
+        b = run_bench(BenchConfig(s.base_url, "fake-model", profiles.custom(8, 8), concurrency=1, requests=2,
+                                  metrics_url=f"http://127.0.0.1:{s.port}/metrics"))
     assert b.itl_level == "token"
     _, c = _itl_check(b)
     assert "from client ITL" in c.message and c.value == b.itl_ms.p90
@@ -64,7 +64,7 @@ def test_one_token_per_chunk_keeps_client_itl():
 
 def test_server_window_excludes_warmup():
     with KnownTimingServer(first_token_delay=0.005, inter_token_delay=0.001, tokens=4) as s:
-        b = run_bench(s.base_url, "fake-model", profiles.custom(8, 4), concurrency=2, requests=4, warmup=2,
-                      metrics_url=f"http://127.0.0.1:{s.port}/metrics")
+        b = run_bench(BenchConfig(s.base_url, "fake-model", profiles.custom(8, 4), concurrency=2, requests=4, warmup=2,
+                                  metrics_url=f"http://127.0.0.1:{s.port}/metrics"))
         assert len(s.timings) == 6
     assert b.requests_ok == 4 and b.server.histograms["time_to_first_token_seconds"].count == 4

@@ -189,28 +189,25 @@ class CandidateLoads:
                  requests: int | None = None, duration: float | None = None) -> BenchReport:
         """One run of `load` against `on` (default: the candidate), priced when the release is rendered."""
         from validation import profiles, traces
-        from validation.bench import run_bench
+        from validation.bench import BenchConfig, run_bench
         from validation.prometheus import PrometheusSource
 
         spec, on = self.candidate.spec, self.candidate.endpoint if on is None else on
         requests = requests if requests is not None else (load.requests if not load.duration_s else None)
         duration = duration if duration is not None else load.duration_s
         trace = traces.load(load.trace, load.trace_format, load.time_scale, load.requests) if load.trace else None
-        bench = run_bench(on.base_url, spec.model.id, profiles.get(load.profile),
-                          concurrency=None if load.rate else load.concurrency, rate=load.rate,
-                          requests=requests, duration=duration,
-                          warmup=warmup, metrics_url=on.metrics_url,
-                          metrics_select=on.metrics_labels or None,
-                          metrics_phases=on.metrics_phases or None, api_key=self.candidate.api_key,
-                          goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms,
-                          metrics_lag_s=on.metrics_lag_s, progress=self.candidate.progress,
-                          timeout=spec.validation.request_timeout_s, trace=trace,
-                          tokenizer=on.tokenizer, isolate=True, seed=seed, ramp_s=load.ramp_s,
-                          poisson=load.arrival == "poisson",
-                          balance_policy=spec.validation.balance,
-                          metrics_source=PrometheusSource(spec.metrics.prometheus_url, on.prometheus_labels,
-                                                          on.prometheus_phase_label, on.metrics_lag_s)
-                          if spec.metrics.prometheus_url else None)
+        source = PrometheusSource(spec.metrics.prometheus_url, on.prometheus_labels, on.prometheus_phase_label,
+                                  on.metrics_lag_s) if spec.metrics.prometheus_url else None
+        bench = run_bench(BenchConfig(
+            on.base_url, spec.model.id, profiles.get(load.profile),
+            concurrency=None if load.rate else load.concurrency, rate=load.rate, poisson=load.arrival == "poisson",
+            requests=requests, duration=duration, warmup=warmup, ramp_s=load.ramp_s, trace=trace,
+            api_key=self.candidate.api_key, seed=seed, tokenizer=on.tokenizer,
+            timeout=spec.validation.request_timeout_s, isolate=True, progress=self.candidate.progress,
+            metrics_url=on.metrics_url, metrics_select=on.metrics_labels or None,
+            metrics_phases=on.metrics_phases or None, metrics_lag_s=on.metrics_lag_s, metrics_source=source,
+            balance_policy=spec.validation.balance,
+            goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms))
         if self.rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from workflows.pipeline.pricing import bench_cost
             bench.cost = bench_cost(bench, spec, self.rendered)
