@@ -109,13 +109,19 @@ class PipelineCluster:
     def target(self) -> KubernetesTarget:
         return KubernetesTarget(NS, api_client=self.cluster.client("seed"), poll_s=0.05, restore_timeout_s=30)
 
-    def seed(self, variant: str, promote: bool = True) -> ReleaseRecord:
+    def seed(self, variant: str, promote: bool = True, spec_edit=None) -> ReleaseRecord:
         """A release of overlays/dev made by hand (as an earlier run would have), differing from the
-        revision under test by one annotation."""
+        revision under test by one annotation; its spec recorded as rollout records it (steps.record_of),
+        after `spec_edit(dict)` when given (the release was made from another release.yaml), or none
+        with spec_edit=False (a release recorded before pdops kept specs)."""
         rendered = render(ROOT / "overlays" / ENV, validate_serve_config=False)
         objects = copy.deepcopy(rendered.objects)
         next(o for o in objects if o["kind"] == "RayService")["metadata"].setdefault("annotations", {})["test/variant"] = variant
-        record = ReleaseRecord.of(dump_manifest(objects), name=RELEASE, model=rendered.spec.model.id, revision=variant * 40)
+        spec = rendered.spec.model_dump(mode="json")
+        if spec_edit:
+            spec_edit(spec)
+        record = ReleaseRecord.of(dump_manifest(objects), name=RELEASE, model=rendered.spec.model.id,
+                                  revision=variant * 40, spec=None if spec_edit is False else spec)
         target, say = self.target(), (lambda _line: None)
         with target.session():
             record = target.apply(record, say)

@@ -343,7 +343,9 @@ def build_canary(image: str = STEP_IMAGE):
     m = _hera()
     pod_sc, _ = _security()
     params = _common_params([
-        Parameter(name="revision", value="main", description="free text: git ref whose release.yaml sets the SLOs"),
+        Parameter(name="revision", value="main",
+                  description="free text: git ref checked out for pdops; the SLOs and model come from the "
+                              "spec recorded with the serving release (ReleaseRecord.spec), not from this ref"),
         Parameter(name="on-regression", value="rollback", enum=["rollback", "alert"],
                   description="rollback (default): restore the good release before the stable one; "
                               "alert: fail the run and leave the stable release serving"),

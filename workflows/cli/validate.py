@@ -43,6 +43,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     rendered = render(overlay)   # the spec, and the digest of what the overlay renders
     assert rendered.spec is not None
     digest = record_of(rendered, "").digest if args.slot == "candidate" else None
+    # the stable slot (the canary) is judged by the spec recorded with the serving release, never the
+    # branch head's; --spec-from-overlay is the explicit way to judge a release that recorded none
+    spec = rendered.spec if args.slot == "candidate" or args.spec_from_overlay else None
     if args.out:
         run = Path(args.out)
         run.mkdir(parents=True, exist_ok=True)
@@ -53,7 +56,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         # it writes (reference and baseline RayServices, the golden cache): under the lock, as every writer
         with target.session():
-            result = validate_slot(target, rendered.spec, run, say, slot=args.slot, digest=digest,
+            result = validate_slot(target, spec, run, say, slot=args.slot, digest=digest,
                                    api_key=api_key(), rendered=rendered)   # rendered: each run is priced on its nodes
     except TargetError as exc:
         if exc.transient:
@@ -89,6 +92,10 @@ def register(sub) -> None:
     target_flags(p, overlay=True)
     p.add_argument("--slot", choices=("candidate", "stable"), default="candidate",
                    help="candidate (a release; default) or stable (the canary)")
+    p.add_argument("--spec-from-overlay", action="store_true",
+                   help="stable slot: judge it by the overlay's release.yaml instead of the spec recorded with "
+                        "the serving release (only for a release recorded before pdops kept specs; check the "
+                        "overlay out at that release's revision first)")
     p.add_argument("--out", help="run folder to write (created; default: a new folder under --runs)")
     p.add_argument("--runs", default="runs", help="where new run folders go (default runs/)")
     outputs_flag(p)

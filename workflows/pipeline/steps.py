@@ -72,7 +72,26 @@ def new_run_dir(root: Path, environment: str) -> Path:
 
 def record_of(rendered: Rendered, revision: str) -> ReleaseRecord:
     assert rendered.spec is not None
-    return ReleaseRecord.of(rendered.text(), rendered.spec.name, rendered.spec.model.id, revision)
+    return ReleaseRecord.of(rendered.text(), rendered.spec.name, rendered.spec.model.id, revision,
+                            spec=rendered.spec.model_dump(mode="json"))
+
+
+def recorded_spec(record: ReleaseRecord) -> ReleaseSpec:
+    """The release.yaml `record` was released with (ReleaseRecord.spec): what the canary judges it by.
+    Fails closed when the record holds none: judging a release by the branch head's SLOs and model
+    would make a verdict about a spec that never served."""
+    if not record.spec:
+        raise TargetError(f"the serving release {record.short()} has no recorded spec (it was released by a "
+                          "pdops that did not record release.yaml in the release history)",
+                          ["release it again with this pdops (a new render: rollout, validate, promote) so its "
+                           "spec is recorded, or run `pdops validate --slot stable --spec-from-overlay` with "
+                           f"the overlay checked out at its revision {record.revision}"])
+    try:
+        return ReleaseSpec.model_validate(record.spec)
+    except ValueError as exc:
+        raise TargetError(f"the recorded spec of {record.short()} does not validate: {str(exc)[:300]}",
+                          ["release it again with this pdops, or validate with --spec-from-overlay at "
+                           f"revision {record.revision}"]) from None
 
 
 def replaced_engines(before: Endpoint, after: Endpoint) -> list[str] | None:
@@ -393,7 +412,7 @@ def stable_baseline(record: ReleaseRecord | None, progress: Progress) -> list[di
 _FETCH = object()   # validate_slot: ask the target for the golden reference
 
 
-def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progress, *,
+def validate_slot(target: Target, spec: ReleaseSpec | None, run: Path, progress: Progress, *,
                   slot: str = "candidate", digest: str | None = None, reference: Any = _FETCH,
                   api_key: str | None = None, rendered: Rendered | None = None) -> Validation:
     """Validate what a slot serves with the overlay's `validation` and `slo`: the stage `pdops release`
@@ -402,13 +421,16 @@ def validate_slot(target: Target, spec: ReleaseSpec, run: Path, progress: Progre
     The candidate is compared with the last good release's baseline; the stable slot (the canary)
     with its own baseline from when it was promoted, so a release that drifted since is caught.
     `digest`: the release the caller means to judge; a slot holding another is refused (the
-    cluster must serve what the overlay renders, or the verdict would be about something else)."""
+    cluster must serve what the overlay renders, or the verdict would be about something else).
+    `spec` None: the slot's recorded spec (recorded_spec; the canary), never the branch head's."""
     status = target.status()
     held = status.candidate if slot == "candidate" else status.stable
     record = held.release
     if record is None:
         raise TargetError(f"no {slot} release to validate",
                           ["run `pdops rollout` first" if slot == "candidate" else "nothing has been promoted yet"])
+    if spec is None:
+        spec, rendered = _recorded(record, rendered, slot, progress)
     if record.model != spec.model.id:
         raise TargetError(f"the {slot} slot serves model {record.model}, the overlay's release.yaml names "
                           f"{spec.model.id}", ["validate with the overlay revision the slot was released from"])
@@ -447,6 +469,19 @@ def golden_reference(target: Target, record: ReleaseRecord, spec: ReleaseSpec,
 
     return target.reference(record, golden.prompts(spec.validation.golden_prompts),
                             spec.validation.golden_max_tokens, progress)
+
+
+def _recorded(record: ReleaseRecord, rendered: Rendered | None, slot: str,
+              progress: Progress) -> tuple[ReleaseSpec, Rendered | None]:
+    """The slot's recorded spec, and `rendered` only when it renders that very release: pricing, the
+    balance advice and the diff's release file of another render would describe the branch head."""
+    spec = recorded_spec(record)
+    progress(f"[validate] {slot} judged by the spec recorded with {record.short()} (revision {record.revision})")
+    if rendered is not None and record_of(rendered, "").digest != record.digest:
+        progress(f"[validate] the overlay renders {record_of(rendered, '').digest[7:19]}, not the serving "
+                 f"{record.digest[7:19]}: cost, balance advice and diff are skipped (they would describe it)")
+        rendered = None
+    return spec, rendered
 
 
 def baseline_of_stable(target: Target, stable: ReleaseRecord | None,

@@ -70,10 +70,16 @@ class ReleaseRecord(BaseModel):
     # candidates, and the canary the release itself, with, wherever the report files are.
     baseline: list[dict] | None = None
     decided_at: float | None = None
+    # The release.yaml it was rendered from, as validated (ReleaseSpec JSON, ~2-3 KiB): what the canary
+    # judges the serving release by, whatever the branch head says now; it moves with the record (a
+    # restore carries it). Not part of the digest. None: recorded by a pdops before it kept specs.
+    spec: dict[str, Any] | None = None
 
     @classmethod
-    def of(cls, manifest: str, name: str, model: str, revision: str) -> ReleaseRecord:
-        return cls(name=name, revision=revision, digest=manifest_digest(manifest), manifest=manifest, model=model)
+    def of(cls, manifest: str, name: str, model: str, revision: str,
+           spec: dict[str, Any] | None = None) -> ReleaseRecord:
+        return cls(name=name, revision=revision, digest=manifest_digest(manifest), manifest=manifest, model=model,
+                   spec=spec)
 
     def short(self) -> str:
         return f"{self.name}@{self.revision[:12]} ({self.digest[7:19]})"

@@ -5,8 +5,9 @@ totalSize > core.MaxSecretSize = 1 MiB -> 422). One rendered manifest is ~10 KiB
 release's reasons can carry Serve tracebacks of tens of KiB; unbounded, a history passes the limit,
 and from then on every write of it fails (rollback included, after it deleted the candidate).
 So the store keeps what rollback needs and trims the rest, always under BUDGET:
-- manifests only where they can be redeployed: the stable and candidate slots and the promoted
-  records (a rolled-back or failed release is never redeployed; its digest and revision stay);
+- manifests (and the release.yaml spec recorded with them, what the canary judges by) only where
+  they can be redeployed: the stable and candidate slots and the promoted records (a rolled-back or
+  failed release is never redeployed; its digest and revision stay);
 - each reason cut to REASON_CHARS (the full text is in the run's report);
 - then the oldest records, never the last good one, until it fits. A manifest that alone exceeds
   the budget is refused before anything is applied.
@@ -46,7 +47,8 @@ def _slim(record: ReleaseRecord, keep_manifest: bool) -> ReleaseRecord:
     """Reasons cut; manifest and bench baseline kept only where the record can be redeployed or compared with."""
     return record.model_copy(update={"reasons": [_cut(r) for r in record.reasons],
                                      "manifest": record.manifest if keep_manifest else "",
-                                     "baseline": record.baseline if keep_manifest else None})
+                                     "baseline": record.baseline if keep_manifest else None,
+                                     "spec": record.spec if keep_manifest else None})
 
 
 def encode(state: State, budget: int = BUDGET) -> dict[str, str]:
@@ -102,9 +104,12 @@ class HistoryStore:
         return decode((cm or {}).get("data") or {}, release)
 
     def save(self, state: State) -> None:
+        self.kube.apply(self._object(state))
+
+    def _object(self, state: State) -> dict[str, Any]:
         assert state.release
-        self.kube.apply({
+        return {
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": self.name(state.release), "namespace": self.kube.namespace,
                          "labels": {**PART_OF, "app.kubernetes.io/managed-by": "pdops", HISTORY_LABEL: state.release}},
-            "data": encode(state)})
+            "data": encode(state)}
