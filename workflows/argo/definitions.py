@@ -234,7 +234,7 @@ def _metrics(metric_prefix: str):
     return out
 
 
-def _common_params(extra: list, environment: str = "dev") -> list:
+def _common_params(extra: list, image: str, environment: str = "dev") -> list:
     from hera.workflows import Parameter
 
     return [
@@ -244,8 +244,27 @@ def _common_params(extra: list, environment: str = "dev") -> list:
         Parameter(name="dry-run", value="false", enum=["false", "true"],
                   description="true: the API server validates and admits every object, nothing is stored"),
         Parameter(name="repo-url", value=REPO_URL, description="free text: the git repository holding the overlays"),
-        Parameter(name="step-image", value=STEP_IMAGE, description="free text: the image running the pdops steps"),
+        Parameter(name="step-image", value=image, description="free text: the image running the pdops steps"),
     ]
+
+
+def _run_spec(params: list, deadline: int, metric_prefix: str) -> dict:
+    """What pd-release and pd-canary share below their own fields: the exit handler, the step account and
+    security context, volumes, the run's deadline, the environment mutex (both write the same
+    environment), pod GC and metrics."""
+    m = _hera()
+    pod_sc, _ = _security()
+    return dict(
+        on_exit="exit-handler",
+        arguments=params,
+        service_account_name=SERVICE_ACCOUNT,
+        security_context=pod_sc,
+        volumes=_volumes(),
+        active_deadline_seconds=deadline,
+        synchronization=m.Synchronization(mutexes=[m.Mutex(name="pd-release-" + P % "environment")]),
+        pod_gc=m.PodGC(strategy="OnPodSuccess"),
+        metrics=_metrics(metric_prefix),
+    )
 
 
 def _run_artifact(optional: bool = True):
@@ -259,15 +278,11 @@ def build_release(image: str = STEP_IMAGE):
     from hera.workflows import DAG, Artifact, Parameter, Task, WorkflowTemplate
 
     m = _hera()
-    pod_sc, _ = _security()
     params = _common_params([
         Parameter(name="revision", value="main", description="free text: git sha (or ref) to release"),
         Parameter(name="skip-to-rollback", value="false", enum=["false", "true"],
                   description="true: skip everything; drop a pending candidate and restore the last good release"),
-    ])
-    for p in params:
-        if p.name == "step-image":
-            p.value = image
+    ], image)
     dry = "--dry-run=" + P % "dry-run"
     target = ["--target", "kubernetes", "--overlay", OVERLAY, "--namespace", ENV_NS]
     verdict = "{{tasks.validate.outputs.parameters.verdict}}"
@@ -281,16 +296,8 @@ def build_release(image: str = STEP_IMAGE):
                      "Release one prefill/decode overlay at a git revision: check, rollout, validate (the "
                      "overlay's release.yaml decides what), then promote or roll back."},
         entrypoint="release",
-        on_exit="exit-handler",
-        arguments=params,
-        service_account_name=SERVICE_ACCOUNT,
-        security_context=pod_sc,
-        volumes=_volumes(),
-        active_deadline_seconds=WORKFLOW_DEADLINE,
-        synchronization=m.Synchronization(mutexes=[m.Mutex(name="pd-release-" + P % "environment")]),
-        pod_gc=m.PodGC(strategy="OnPodSuccess"),
         ttl_strategy=m.TTLStrategy(seconds_after_completion=7 * 24 * 3600),
-        metrics=_metrics("pd_release"),
+        **_run_spec(params, WORKFLOW_DEADLINE, "pd_release"),
     ) as wt:
         check = _step("check", ["render", OVERLAY, "-o", f"{OUT}/manifest.yaml", "--outputs", OUT],
                       outputs=_outcome("blocked", "check did not finish: see the check step's log")
@@ -341,7 +348,6 @@ def build_canary(image: str = STEP_IMAGE):
     from hera.workflows import DAG, Artifact, CronWorkflow, Parameter, Task
 
     m = _hera()
-    pod_sc, _ = _security()
     params = _common_params([
         Parameter(name="revision", value="main",
                   description="free text: git ref checked out for pdops; the SLOs and model come from the "
@@ -349,10 +355,7 @@ def build_canary(image: str = STEP_IMAGE):
         Parameter(name="on-regression", value="rollback", enum=["rollback", "alert"],
                   description="rollback (default): restore the good release before the stable one; "
                               "alert: fail the run and leave the stable release serving"),
-    ], environment="prod")
-    for p in params:
-        if p.name == "step-image":
-            p.value = image
+    ], image, environment="prod")
     target = ["--target", "kubernetes", "--overlay", OVERLAY, "--namespace", ENV_NS]
     verdict = "{{tasks.validate-stable.outputs.parameters.verdict}}"
     on = P % "on-regression"
@@ -368,15 +371,7 @@ def build_canary(image: str = STEP_IMAGE):
         successful_jobs_history_limit=3,
         failed_jobs_history_limit=5,
         entrypoint="canary",
-        on_exit="exit-handler",
-        arguments=params,
-        service_account_name=SERVICE_ACCOUNT,
-        security_context=pod_sc,
-        volumes=_volumes(),
-        active_deadline_seconds=CANARY_DEADLINE,
-        synchronization=m.Synchronization(mutexes=[m.Mutex(name="pd-release-" + P % "environment")]),
-        pod_gc=m.PodGC(strategy="OnPodSuccess"),
-        metrics=_metrics("pd_canary"),
+        **_run_spec(params, CANARY_DEADLINE, "pd_canary"),
     ) as cw:
         validate = _step("validate-stable", ["validate", *target, "--slot", "stable", "--out", RUN, "--outputs", OUT],
                          cpu="1", memory="2Gi", api_key=True,
