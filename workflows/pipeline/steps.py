@@ -477,8 +477,9 @@ def _recorded(record: ReleaseRecord, rendered: Rendered | None, slot: str,
     balance advice and the diff's release file of another render would describe the branch head."""
     spec = recorded_spec(record)
     progress(f"[validate] {slot} judged by the spec recorded with {record.short()} (revision {record.revision})")
-    if rendered is not None and record_of(rendered, "").digest != record.digest:
-        progress(f"[validate] the overlay renders {record_of(rendered, '').digest[7:19]}, not the serving "
+    checkout = record_of(rendered, "").digest if rendered is not None else record.digest
+    if checkout != record.digest:
+        progress(f"[validate] the overlay renders {checkout[7:19]}, not the serving "
                  f"{record.digest[7:19]}: cost, balance advice and diff are skipped (they would describe it)")
         rendered = None
     return spec, rendered

@@ -104,12 +104,9 @@ class HistoryStore:
         return decode((cm or {}).get("data") or {}, release)
 
     def save(self, state: State) -> None:
-        self.kube.apply(self._object(state))
-
-    def _object(self, state: State) -> dict[str, Any]:
         assert state.release
-        return {
+        self.kube.apply({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": self.name(state.release), "namespace": self.kube.namespace,
                          "labels": {**PART_OF, "app.kubernetes.io/managed-by": "pdops", HISTORY_LABEL: state.release}},
-            "data": encode(state)}
+            "data": encode(state)})
