@@ -25,7 +25,6 @@ RELEASE_LABEL = "pdops.dev/release"
 HISTORY_LABEL = "pdops.dev/history-of"
 PHASE_LABEL = "pdops.dev/phase"                # worker pod templates and node groups: prefill / decode
 ROLE_LABEL = "pdops.dev/role"                  # "reference": the short-lived single-engine RayService and its pods
-GOLDEN_LABEL = "pdops.dev/golden-of"           # the ConfigMap caching a release's reference answers
 DIGEST_ANNOTATION = "pdops.dev/digest"
 REVISION_ANNOTATION = "pdops.dev/revision"
 FIELD_MANAGER = "pdops"                        # server-side apply field manager

@@ -197,19 +197,74 @@ def test_rollback_and_an_interrupt_leave_no_reference_behind(dns, manifests):
     del killed
 
 
-def test_golden_answers_are_cached_so_a_re_release_does_not_start_the_reference(dns, manifests):
+def _history_records(cluster, digest):
+    cm = cluster.objects("configmaps", LOCAL_NS)["pdops-history-pd-llm"]
+    slots = json.loads(cm["data"]["slots.json"])
+    return [r for r in [slots["stable"], slots["candidate"], *json.loads(cm["data"]["history.json"])]
+            if r and r["digest"] == digest]
+
+
+def test_golden_answers_are_cached_in_the_release_record_so_a_canary_does_not_start_the_reference(dns, manifests):
     target, rec = _candidate(dns, manifests)
     prompts = ["Prompt 0: prefill decode", "Prompt 1: cache tensor stream"]
     first = target.reference(rec, prompts, 8, Lines())
     assert [len(a["token_ids"]) for a in first] == [8, 8]
     assert len([r for r in _reference_writes(dns) if r.method == "PATCH"]) == 1
-    cm = dns.objects("configmaps", LOCAL_NS)["pdops-golden-pd-llm"]
-    assert cm["metadata"]["labels"]["pdops.dev/golden-of"] == "pd-llm" and len(cm["data"]) == 1
+    assert "pdops-golden-pd-llm" not in dns.objects("configmaps", LOCAL_NS)     # no free-standing cache
+    (held,) = _history_records(dns, rec.digest)                                  # the candidate's record
+    assert list(held["golden"].values()) == [first]
 
     progress = Lines()
-    assert _target(dns).reference(rec, prompts, 8, progress) == first      # a fresh run: from the ConfigMap
+    assert _target(dns).reference(rec, prompts, 8, progress) == first      # a fresh run: from the record
     assert len([r for r in _reference_writes(dns) if r.method == "PATCH"]) == 1
-    assert progress[0].startswith("[golden] reference answers cached in ConfigMap pdops-golden-pd-llm")
+    assert progress[0].startswith(f"[golden] reference answers cached in the release record of {rec.short()}")
     assert _target(dns).reference(rec, prompts[:1], 8, Lines()) == first[:1]   # other prompts: started again
     assert len([r for r in _reference_writes(dns) if r.method == "PATCH"]) == 2
     eventually(lambda: REF not in dns.objects("rayservices"))
+    target.promote(["ok"], None, Lines())
+    assert all(len(r["golden"]) == 2 for r in _history_records(dns, rec.digest))   # promoted: kept with it
+
+
+def test_a_restore_uses_the_restored_release_s_own_golden_answers_and_a_new_release_starts_fresh(dns, manifests):
+    target, a = _candidate(dns, manifests)
+    prompts = ["Prompt 0: prefill decode"]
+    answers_a = target.reference(a, prompts, 4, Lines())
+    eventually(lambda: REF not in dns.objects("rayservices"))
+    target.promote(["ok"], None, Lines())
+    b = _record(manifests, variant="b")
+    target.apply(b, Lines())
+    target.wait_ready(30, Lines())
+    writes = len([r for r in _reference_writes(dns) if r.method == "PATCH"])
+    target.reference(b, prompts, 4, Lines())               # a new release: none cached for it, the reference runs
+    assert len([r for r in _reference_writes(dns) if r.method == "PATCH"]) == writes + 1
+    eventually(lambda: REF not in dns.objects("rayservices"))
+    target.promote(["ok"], None, Lines())
+    target.rollback(["canary: regressed"], None, Lines(), to_previous=True)
+    restored = _target(dns).status().stable.release
+    assert restored is not None and restored.digest == a.digest, restored
+    progress = Lines()
+    assert _target(dns).reference(restored, prompts, 4, progress) == answers_a
+    assert len([r for r in _reference_writes(dns) if r.method == "PATCH"]) == writes + 1   # none started
+    assert progress[0].startswith(f"[golden] reference answers cached in the release record of {a.short()}")
+
+
+def test_a_golden_write_that_races_another_writer_is_retried_on_the_fresh_history(dns, manifests, monkeypatch):
+    """409 on a stale resourceVersion (apiserver registry/store.go Update) -> read again, nothing lost."""
+    from workflows.targets.kube import golden_cache
+    from workflows.targets.kube.api import Kube
+
+    target, rec = _candidate(dns, manifests)
+    real, calls = Kube.replace, []
+
+    def racing(self, obj):
+        if not calls:   # another writer saves the history between our read and our write
+            cm = self.get("ConfigMap", obj["metadata"]["name"])
+            cm["data"]["history.json"] = "[]"
+            real(self, {k: cm[k] for k in ("apiVersion", "kind", "metadata", "data")})
+        calls.append(obj["metadata"]["resourceVersion"])
+        return real(self, obj)
+    monkeypatch.setattr(Kube, "replace", racing)
+    done = golden_cache.save(target.store, rec, "k1", [{"token_ids": [1, 2]}])
+    assert done.startswith("cached in the release record") and len(calls) == 2 and calls[0] != calls[1], calls
+    (held,) = _history_records(dns, rec.digest)
+    assert held["golden"] == {"k1": [{"token_ids": [1, 2]}]}

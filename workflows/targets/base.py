@@ -74,6 +74,10 @@ class ReleaseRecord(BaseModel):
     # judges the serving release by, whatever the branch head says now; it moves with the record (a
     # restore carries it). Not part of the digest. None: recorded by a pdops before it kept specs.
     spec: dict[str, Any] | None = None
+    # Golden answers of the single-engine reference for this release, by key (kube golden_cache.key:
+    # engine, prompts, max_tokens): cached in the record, so they rotate and are deleted with it and a
+    # restore of an older release brings its own; the reference engine starts only on a miss.
+    golden: dict[str, list[dict]] | None = None
 
     @classmethod
     def of(cls, manifest: str, name: str, model: str, revision: str,

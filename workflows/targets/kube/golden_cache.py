@@ -1,29 +1,27 @@
-"""Reference answers for golden tokens, cached in the ConfigMap `pdops-golden-<release>`.
+"""Reference answers for golden tokens, cached in the release record they belong to.
 
 Starting the reference RayService costs a decode pod's model load (minutes, 4 GPUs on dev) for a
 few prompts; the answers depend only on the engine (llm_config and images, reference.py
-engine_identity), the prompts and max_tokens, so a re-release of the same model reads them here.
-One data key per answer set (`<sha256[:32]>.json`); bounded to KEEP sets and BUDGET bytes (a
-ConfigMap holds 1 MiB: kubernetes ValidateConfigMap, core.MaxSecretSize), oldest dropped first; a
-set alone over ENTRY_LIMIT is not cached (64 prompts x 4096 tokens would be ~1.5 MB of ids).
+engine_identity), the prompts and max_tokens. They are kept in `ReleaseRecord.golden` of every
+record of that release (same digest) in the history ConfigMap (history.py), so they rotate and are
+deleted with the release's record, a restore of an older release brings that release's answers, and
+a canary of an unchanged release starts no reference engine. Per record at most KEEP answer sets;
+a set over ENTRY_LIMIT is not cached (64 prompts x 4096 tokens would be ~1.5 MB of ids, and a
+ConfigMap holds 1 MiB in all: kubernetes pkg/apis/core/validation ValidateConfigMap,
+core.MaxSecretSize). The history's byte budget drops golden answers of old records before it drops
+a record (history.encode).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from typing import Any
 
-from workflows.names import GOLDEN_LABEL, PART_OF
-from workflows.targets.kube.api import Kube
+from workflows.targets.base import ReleaseRecord
+from workflows.targets.kube.history import HistoryStore, State
 
-KEEP = 8
-BUDGET = 512 * 1024
+KEEP = 2
 ENTRY_LIMIT = 128 * 1024
-
-
-def name(release: str) -> str:
-    return f"pdops-golden-{release}"
 
 
 def key(identity: dict[str, Any], prompts: list[str], max_tokens: int) -> str:
@@ -31,34 +29,31 @@ def key(identity: dict[str, Any], prompts: list[str], max_tokens: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def read(kube: Kube, release: str, k: str) -> list[dict] | None:
-    cm = kube.get("ConfigMap", name(release))
-    text = ((cm or {}).get("data") or {}).get(f"{k}.json")
-    try:
-        return json.loads(text)["answers"] if text else None
-    except (ValueError, KeyError, TypeError):   # hand-edited or truncated: a miss, the reference runs
-        return None
+def _records(state: State, digest: str) -> list[ReleaseRecord]:
+    return [r for r in (state.stable, state.candidate, *state.history) if r is not None and r.digest == digest]
 
 
-def save(kube: Kube, release: str, k: str, answers: list[dict]) -> str:
-    """Store one answer set; returns what was done, for the progress line."""
-    text = json.dumps({"saved_at": time.time(), "answers": answers}, separators=(",", ":"))
-    if len(text) > ENTRY_LIMIT:
-        return f"not cached: {len(text)} bytes of answers, over {ENTRY_LIMIT}"
-    cm = kube.get("ConfigMap", name(release))
-    data = dict((cm or {}).get("data") or {})
-    data[f"{k}.json"] = text
+def find(state: State, digest: str, k: str) -> list[dict] | None:
+    """The answers cached with the release `digest`, if any of its records holds them."""
+    for record in _records(state, digest):
+        answers = (record.golden or {}).get(k)
+        if isinstance(answers, list):
+            return answers
+    return None
 
-    def saved_at(item: tuple[str, str]) -> float:
-        try:
-            return float(json.loads(item[1])["saved_at"])
-        except (ValueError, KeyError, TypeError):
-            return 0.0
-    entries = sorted(data.items(), key=saved_at)
-    while len(entries) > KEEP or sum(len(a) + len(b) for a, b in entries) > BUDGET:
-        entries.pop(0)
-    kube.apply({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name(release), "namespace": kube.namespace,
-                             "labels": {**PART_OF, GOLDEN_LABEL: release}},
-                "data": dict(entries)})
-    return f"cached in ConfigMap {name(release)} ({len(entries)} answer sets)"
+
+def save(store: HistoryStore, record: ReleaseRecord, k: str, answers: list[dict]) -> str:
+    """Store one answer set in every record of `record`'s release; returns what was done, for the progress line."""
+    size = len(json.dumps(answers, separators=(",", ":")))
+    if size > ENTRY_LIMIT:
+        return f"not cached: {size} bytes of answers, over {ENTRY_LIMIT}"
+
+    def change(state: State) -> bool:
+        found = _records(state, record.digest)
+        for r in found:
+            kept = [(key_, a) for key_, a in (r.golden or {}).items() if key_ != k][-(KEEP - 1):] if KEEP > 1 else []
+            r.golden = {**dict(kept), k: answers}
+        return bool(found)
+    if not store.update(record.name, change):
+        return f"not cached: {record.short()} is not in the release history"
+    return f"cached in the release record of {record.short()} (ConfigMap {store.name(record.name)})"

@@ -15,12 +15,13 @@ So the store keeps what rollback needs and trims the rest, always under BUDGET:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from workflows.names import HISTORY_LABEL, PART_OF
 from workflows.targets.base import HISTORY_KEEP, ReleaseRecord, TargetError, last_good
-from workflows.targets.kube.api import Kube
+from workflows.targets.kube.api import Conflict, Kube
 
 LIMIT = 1024 * 1024               # core.MaxSecretSize
 BUDGET = LIMIT - 64 * 1024        # room for keys, labels and the next record's growth
@@ -48,7 +49,8 @@ def _slim(record: ReleaseRecord, keep_manifest: bool) -> ReleaseRecord:
     return record.model_copy(update={"reasons": [_cut(r) for r in record.reasons],
                                      "manifest": record.manifest if keep_manifest else "",
                                      "baseline": record.baseline if keep_manifest else None,
-                                     "spec": record.spec if keep_manifest else None})
+                                     "spec": record.spec if keep_manifest else None,
+                                     "golden": record.golden if keep_manifest else None})
 
 
 def encode(state: State, budget: int = BUDGET) -> dict[str, str]:
@@ -68,6 +70,10 @@ def encode(state: State, budget: int = BUDGET) -> dict[str, str]:
         history = json.dumps([dump(r) for r in records])
         if len(history.encode()) + len(slots.encode()) <= budget or len(records) <= 1:
             return {"history.json": history, "slots.json": slots}
+        cached = next((i for i, r in enumerate(records) if r.golden), None)
+        if cached is not None:   # golden answers of the oldest record first: a miss only restarts the reference
+            records[cached] = records[cached].model_copy(update={"golden": None})
+            continue
         drop = next((i for i, r in enumerate(records)
                      if good is None or r.digest != good.digest or r.verdict != "promote"), 0)
         records.pop(drop)
@@ -103,10 +109,38 @@ class HistoryStore:
         cm = self.kube.get("ConfigMap", self.name(release))
         return decode((cm or {}).get("data") or {}, release)
 
+    def update(self, release: str, change: Callable[[State], bool]) -> bool:
+        """Read, `change` in place, write back with the resourceVersion read: the API server refuses a
+        write whose resourceVersion is stale with 409 Conflict (k8s.io/apiserver pkg/registry/generic/
+        registry/store.go Update: OptimisticLockErrorMsg "the object has been modified; please apply
+        your changes to the latest version and try again"), so nothing another writer saved in between
+        is lost: read again and retry. False: no history, or `change` found nothing to change."""
+        for _ in range(3):
+            cm = self.kube.get("ConfigMap", self.name(release))
+            if cm is None:
+                return False
+            state = decode(cm.get("data") or {}, release)
+            if not change(state):
+                return False
+            body = self._object(state)
+            body["metadata"]["resourceVersion"] = cm["metadata"]["resourceVersion"]
+            try:
+                self.kube.replace(body)
+                return True
+            except Conflict:
+                continue
+        raise TargetError(f"ConfigMap {self.name(release)} changed under every one of 3 writes",
+                          ["another writer is busy in this namespace: check `pdops status` and run again"],
+                          transient=True)
+
     def save(self, state: State) -> None:
+        self.kube.apply(self._object(state))
+
+    def _object(self, state: State) -> dict[str, Any]:
+        """The ConfigMap holding `state` (save applies it; update replaces it with a resourceVersion)."""
         assert state.release
-        self.kube.apply({
+        return {
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": self.name(state.release), "namespace": self.kube.namespace,
                          "labels": {**PART_OF, "app.kubernetes.io/managed-by": "pdops", HISTORY_LABEL: state.release}},
-            "data": encode(state)})
+            "data": encode(state)}

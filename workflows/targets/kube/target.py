@@ -101,16 +101,16 @@ class KubernetesTarget(Slots, ref.References, Baselines):
 
     def reference(self, record: ReleaseRecord, prompts: list[str], max_tokens: int,
                   progress: Progress) -> list[dict] | None:
-        """Golden answers of the reference RayService (reference.py), cached in the ConfigMap
-        `pdops-golden-<release>` by engine, prompts and max_tokens (golden_cache.py): a re-release of
-        the same model does not start it. None when it could not run (the reason is progress-printed
-        and remembered: validation then reports golden tokens skipped with it)."""
+        """Golden answers of the reference RayService (reference.py), cached in the release's own record
+        in the history (ReleaseRecord.golden; golden_cache.py) by engine, prompts and max_tokens: the
+        reference starts only when the release has none for them. None when it could not run (the reason
+        is progress-printed and remembered: validation then reports golden tokens skipped with it)."""
         from validation import golden
 
         key = golden_cache.key(ref.engine_identity(ref.rayservice(record, self.namespace)), prompts, max_tokens)
-        cached = golden_cache.read(self.kube, record.name, key)
+        cached = golden_cache.find(self._state(record.name), record.digest, key)
         if cached is not None:
-            progress(f"[golden] reference answers cached in ConfigMap {golden_cache.name(record.name)} "
+            progress(f"[golden] reference answers cached in the release record of {record.short()} "
                      f"({key[:12]}): no reference RayService needed")
             return cached
         with self.reference_server(record, progress) as url:
@@ -122,7 +122,7 @@ class KubernetesTarget(Slots, ref.References, Baselines):
             return answers
         if not self.dry_run:
             self._check_lock()
-            progress(f"[golden] reference answers {golden_cache.save(self.kube, record.name, key, answers)}")
+            progress(f"[golden] reference answers {golden_cache.save(self.store, record, key, answers)}")
         return answers
 
     def status(self) -> TargetStatus:
