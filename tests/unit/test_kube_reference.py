@@ -268,3 +268,91 @@ def test_a_golden_write_that_races_another_writer_is_retried_on_the_fresh_histor
     assert done.startswith("cached in the release record") and len(calls) == 2 and calls[0] != calls[1], calls
     (held,) = _history_records(dns, rec.digest)
     assert held["golden"] == {"k1": [{"token_ids": [1, 2]}]}
+
+
+def _legacy_cluster(cluster, manifests, prompts):
+    """A cluster an earlier pdops (before ReleaseRecord.golden) ran the reference on: its answers in ConfigMap
+    pdops-golden-<release>, in the shape that pdops applied (one `<key>.json` per answer set)."""
+    from workflows.targets.kube import golden_cache, reference as ref
+
+    target, rec = _candidate(cluster, manifests)
+    k = golden_cache.key(ref.engine_identity(ref.rayservice(rec, LOCAL_NS)), prompts, 8)
+    old = [{"token_ids": [7] * 8, "text": "from the old cache"} for _ in prompts]
+    target.kube.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": "pdops-golden-pd-llm", "namespace": LOCAL_NS,
+                                    "labels": {"app.kubernetes.io/part-of": "pdops", "pdops.dev/golden-of": "pd-llm"}},
+                       "data": {f"{k}.json": json.dumps({"saved_at": 1.0, "answers": old}),
+                                f"{'0' * 32}.json": json.dumps({"saved_at": 0.5, "answers": [{"token_ids": [1]}]})}})
+    return target, rec, k, old
+
+
+def test_an_old_cluster_s_pdops_golden_configmap_is_carried_into_the_record_and_removed_once(dns, manifests):
+    prompts = ["Prompt 0: prefill decode", "Prompt 1: cache tensor stream"]
+    _, rec, k, old = _legacy_cluster(dns, manifests, prompts)
+    before, progress = len(dns.writes()), Lines()
+    assert _target(dns).reference(rec, prompts, 8, progress) == old         # the upgrade starts no reference
+    assert not _reference_writes(dns)
+    assert "pdops-golden-pd-llm" not in dns.objects("configmaps", LOCAL_NS)
+    (held,) = _history_records(dns, rec.digest)
+    assert held["golden"] == {k: old}                                       # only the set asked for is kept
+    assert progress[0].startswith("[golden] removed ConfigMap pdops-golden-pd-llm, the previous golden-answer "
+                                  f"cache; its answers for {k[:12]} cached in the release record"), progress
+    sent = [(r.method, r.path.rsplit("/", 1)[-1]) for r in dns.writes()[before:]]
+    assert sent == [("PUT", "pdops-history-pd-llm"), ("DELETE", "pdops-golden-pd-llm")], sent
+
+    before, progress = len(dns.writes()), Lines()                           # once: the next run sends nothing
+    assert _target(dns).reference(rec, prompts, 8, progress) == old
+    assert len(dns.writes()) == before and not any("pdops-golden" in line for line in progress), progress
+
+
+def test_a_refused_removal_of_the_old_golden_configmap_is_reported_and_retried_by_the_next_run(dns, manifests):
+    """A pd-release Role applied before it granted `delete` on configmaps answers 403: the validate or
+    canary step goes on (nothing reads the old ConfigMap) and says how to remove it."""
+    from tests.fakes.kube.server import ApiError
+
+    prompts = ["Prompt 0: prefill decode"]
+    target, rec, k, old = _legacy_cluster(dns, manifests, prompts)
+
+    def refuse(req):
+        if req.method == "DELETE" and req.path.endswith("/configmaps/pdops-golden-pd-llm"):
+            raise ApiError(403, "Forbidden", 'configmaps "pdops-golden-pd-llm" is forbidden: User '
+                                             '"system:serviceaccount:argo:pd-release" cannot delete resource')
+    dns.faults.before_write.append(refuse)
+    progress = Lines()
+    assert target.reference(rec, prompts, 8, progress) == old and not _reference_writes(dns)
+    assert "pdops-golden-pd-llm" in dns.objects("configmaps", LOCAL_NS)
+    assert "left in place" in progress[0] and "403" in progress[0], progress
+    assert progress[0].endswith(f"kubectl -n {LOCAL_NS} delete configmap pdops-golden-pd-llm"), progress
+
+    dns.faults.before_write.remove(refuse)
+    progress = Lines()
+    assert _target(dns).reference(rec, prompts, 8, progress) == old
+    assert "pdops-golden-pd-llm" not in dns.objects("configmaps", LOCAL_NS)
+    assert progress[0] == "[golden] removed ConfigMap pdops-golden-pd-llm, the previous golden-answer cache", progress
+
+
+def test_the_history_drops_golden_answers_before_records_and_never_refuses_a_release_for_them(manifests):
+    """history.encode under its budget (the API server refuses a ConfigMap whose data exceed 1 MiB:
+    pkg/apis/core/validation ValidateConfigMap, core.MaxSecretSize): the oldest records' golden answers
+    go first, then the slots' own if they alone take half the budget, and only then whole records."""
+    from workflows.targets.kube.history import BUDGET, State, decode, encode
+
+    def big(tag):   # one answer set of ~120 KiB: under ENTRY_LIMIT, so golden_cache would keep it
+        return {tag: [{"token_ids": list(range(20_000))}]}
+    promoted = [_record(manifests, variant=f"v{i}").model_copy(update={"verdict": "promote", "golden": big(f"k{i}")})
+                for i in range(6)]
+    candidate = _record(manifests, variant="c").model_copy(update={"golden": big("kc")})
+    state = State(release="pd-llm", history=promoted, stable=promoted[-1], candidate=candidate)
+    data = encode(state)
+    assert sum(len(v.encode()) for v in data.values()) <= BUDGET
+    back = decode(data, "pd-llm")
+    assert [r.digest for r in back.history] == [r.digest for r in promoted]           # every record kept
+    kept = [bool(r.golden) for r in back.history]
+    assert kept == sorted(kept) and not kept[0] and kept[-1], kept                     # the oldest ones' first
+    assert back.stable.golden and back.candidate.golden
+
+    heavy = {f"k{i}": [{"token_ids": list(range(20_000))}] for i in range(2)}           # ~240 KiB per slot
+    state = State(release="pd-llm", history=promoted[-1:], stable=promoted[-1].model_copy(update={"golden": heavy}),
+                  candidate=state.candidate.model_copy(update={"golden": heavy}))
+    back = decode(encode(state), "pd-llm")                                               # not refused
+    assert back.candidate.golden is None and back.stable.golden == heavy and back.history[0].golden

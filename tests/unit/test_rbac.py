@@ -24,9 +24,11 @@ GRANTS: dict[tuple[str, str, str, str], tuple[set[str], str]] = {
     ("pd-release", ENV, "", "services"): (
         {"get", "list", "patch", "create"}, "the stable Service is created once and re-pointed on promote"),
     ("pd-release", ENV, "", "configmaps"): (
-        {"get", "list", "create", "patch", "update"},
-        "release history and the record of the stable release; the golden-token cache `pdops-golden-<release>` "
-        "(get, then server-side apply = patch: workflows/targets/kube/golden_cache.py)"),
+        {"get", "list", "create", "patch", "update", "delete"},
+        "release history and the record of the stable release (server-side apply = patch), which also caches "
+        "the golden answers (update with the resourceVersion read: workflows/targets/kube/golden_cache.py); "
+        "delete retires `pdops-golden-<release>`, where an earlier pdops cached them (golden_cache.retire_legacy, "
+        "with a uid precondition; update already lets the step rewrite any ConfigMap here)"),
     ("pd-release", ENV, "", "events"): ({"list"}, "say why a candidate is not becoming ready"),
     ("pd-release", ENV, "", "pods"): ({"get", "list"}, "readiness and restarts of the candidate's (and the "
                                                         "reference's, by label) pods"),

@@ -22,12 +22,14 @@ from workflows.names import (
 
 RELEASE_RULES: list[dict[str, Any]] = [
     # rayservices also cover the single-engine reference `<name>-reference` the validate step applies,
-    # lists (by label) and deletes; configmaps its golden-answer cache (targets/kube/reference.py)
+    # lists (by label) and deletes. configmaps: the release history, which also caches the golden answers
+    # (targets/kube/history.py, golden_cache.py); delete only retires the ConfigMap `pdops-golden-<release>`
+    # an earlier pdops cached them in (golden_cache.retire_legacy; update already lets a step rewrite any)
     {"apiGroups": ["ray.io"], "resources": ["rayservices"],
      "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
     {"apiGroups": ["ray.io"], "resources": ["rayservices/status"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "patch", "create"]},
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "patch", "update"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "patch", "update", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
     # The rest of a rendered release (workflows/targets/kube/ applies it with the RayService)

@@ -10,6 +10,10 @@ a set over ENTRY_LIMIT is not cached (64 prompts x 4096 tokens would be ~1.5 MB 
 ConfigMap holds 1 MiB in all: kubernetes pkg/apis/core/validation ValidateConfigMap,
 core.MaxSecretSize). The history's byte budget drops golden answers of old records before it drops
 a record (history.encode).
+
+Before, the answers lived in a ConfigMap of their own, `pdops-golden-<release>` (labelled
+pdops.dev/golden-of, up to 512 KiB). Nothing reads it now; retire_legacy moves the answer set a
+reference run asks for into the release record and deletes it, once (see there).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import json
 from typing import Any
 
 from workflows.targets.base import ReleaseRecord
+from workflows.targets.kube.api import ApiError, Kube
 from workflows.targets.kube.history import HistoryStore, State
 
 KEEP = 2
@@ -56,4 +61,43 @@ def save(store: HistoryStore, record: ReleaseRecord, k: str, answers: list[dict]
         return bool(found)
     if not store.update(record.name, change):
         return f"not cached: {record.short()} is not in the release history"
+    if find(store.read(record.name), record.digest, k) is None:   # history.encode dropped them to fit
+        return f"not cached: the history ConfigMap {store.name(record.name)} has no room for them under 1 MiB"
     return f"cached in the release record of {record.short()} (ConfigMap {store.name(record.name)})"
+
+
+def legacy_name(release: str) -> str:
+    """The ConfigMap an earlier pdops (before ReleaseRecord.golden) cached golden answers in
+    (data `<key>.json`: {"saved_at", "answers"})."""
+    return f"pdops-golden-{release}"
+
+
+def retire_legacy(kube: Kube, store: HistoryStore, record: ReleaseRecord, k: str) -> str | None:
+    """Remove the previous design's ConfigMap `pdops-golden-<release>`, keeping the answer set `k` it
+    holds (same key: engine, prompts, max_tokens) in `record`'s release record, so the upgrade
+    starts no reference engine. Once and idempotent: a GET that finds none sends no write (a cluster
+    that never had one sees none), and the delete carries the uid read as precondition (409 if the
+    name now holds another object: a failed precondition is an InvalidObj error, which apiserver
+    pkg/storage/errors InterpretDeleteError answers with NewConflict; 404: gone already, Kube.delete
+    returns False). It is harmless if it stays (nothing reads it;
+    the release is found by the history's label, not this one), so a refusal -- a 403 from a
+    pd-release Role applied before it granted `delete` on configmaps, a 500 -- is reported, not
+    raised: the next reference run tries again. Returns the progress line, None when there was none."""
+    name = legacy_name(record.name)
+    try:
+        cm = kube.get("ConfigMap", name)
+        if cm is None:
+            return None
+        kept = ""
+        text = (cm.get("data") or {}).get(f"{k}.json")
+        try:
+            answers = json.loads(text)["answers"] if text else None
+        except (ValueError, KeyError, TypeError):   # hand-edited or truncated: not carried over
+            answers = None
+        if isinstance(answers, list) and find(store.read(record.name), record.digest, k) is None:
+            kept = f"; its answers for {k[:12]} {save(store, record, k, answers)}"
+        kube.delete("ConfigMap", name, uid=cm["metadata"].get("uid"))
+        return f"removed ConfigMap {name}, the previous golden-answer cache{kept}"
+    except ApiError as exc:
+        return (f"ConfigMap {name} (the previous golden-answer cache, no longer read) left in place: {exc}; "
+                f"harmless, or remove it: kubectl -n {kube.namespace} delete configmap {name}")

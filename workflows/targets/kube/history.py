@@ -9,6 +9,8 @@ So the store keeps what rollback needs and trims the rest, always under BUDGET:
   they can be redeployed: the stable and candidate slots and the promoted records (a rolled-back or
   failed release is never redeployed; its digest and revision stay);
 - each reason cut to REASON_CHARS (the full text is in the run's report);
+- then the cached golden answers (ReleaseRecord.golden, golden_cache.py) of the oldest records, and
+  of the slots if they alone take half the budget: a miss only starts the reference again;
 - then the oldest records, never the last good one, until it fits. A manifest that alone exceeds
   the budget is refused before anything is applied.
 """
@@ -57,8 +59,13 @@ def encode(state: State, budget: int = BUDGET) -> dict[str, str]:
     """history.json and slots.json for `state`, trimmed to `budget` bytes (UTF-8) together."""
     def dump(r: ReleaseRecord | None) -> Any:
         return r.model_dump(mode="json") if r else None
-    slots = json.dumps({"stable": dump(state.stable and _slim(state.stable, True)),
-                        "candidate": dump(state.candidate and _slim(state.candidate, True))})
+    kept = {"stable": state.stable and _slim(state.stable, True),
+            "candidate": state.candidate and _slim(state.candidate, True)}
+    slots = json.dumps({k: dump(r) for k, r in kept.items()})
+    for slot in ("candidate", "stable"):   # the slots' golden answers go before the history refuses them
+        if len(slots.encode()) > budget // 2 and (record := kept[slot]) is not None and record.golden:
+            kept[slot] = record.model_copy(update={"golden": None})
+            slots = json.dumps({k: dump(r) for k, r in kept.items()})
     if len(slots.encode()) > budget // 2:
         raise TargetError(f"the release's manifests take {len(slots.encode())} bytes; "
                           f"the history ConfigMap holds {LIMIT}",

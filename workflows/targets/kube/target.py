@@ -108,6 +108,11 @@ class KubernetesTarget(Slots, ref.References, Baselines):
         from validation import golden
 
         key = golden_cache.key(ref.engine_identity(ref.rayservice(record, self.namespace)), prompts, max_tokens)
+        if not self.dry_run:
+            self._check_lock()
+            legacy = golden_cache.retire_legacy(self.kube, self.store, record, key)
+            if legacy:
+                progress(f"[golden] {legacy}")
         cached = golden_cache.find(self._state(record.name), record.digest, key)
         if cached is not None:
             progress(f"[golden] reference answers cached in the release record of {record.short()} "
