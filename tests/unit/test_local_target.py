@@ -306,3 +306,36 @@ def test_the_local_rays_metrics_lag_follows_the_export_interval_it_was_started_w
     assert ray.metrics_lag_s() == METRICS_INTERVAL_MS / 1000 * 1.25
     ray.interval_file.write_text("500")
     assert ray.metrics_lag_s() == 1.25    # Ray's floor: never faster than 1 s
+
+
+def _canary_decision(p90_ms: float, *, kv_ok: bool = True):
+    from validation.reports.decision import Check, Decision
+
+    return Decision.of([Check(check="ttft_p90_ms", ok=True, bench="c8", value=p90_ms, limit=900.0, message="t"),
+                        Check(check="kv_transfer", ok=kv_ok, bench="c8", value=0 if not kv_ok else 100,
+                              message="c8: 0 prompt tokens arrived by KV transfer" if not kv_ok else "kv")], 1, set())
+
+
+def test_the_canary_history_sits_beside_the_release_state_and_resets_on_a_new_release(target, tmp_path,
+                                                                                           monkeypatch):
+    """The path of `pdops validate --slot stable` (workflows/pipeline/canary.py) on the local target: each run
+    recorded once under its run id (PDOPS_RUN_ID; a retry of the same id records nothing), a promote of
+    another release starts the history again, a hard failure acts on the first run."""
+    from workflows.pipeline.canary import judge_canary
+
+    promoted(target, 1)
+    for i in range(3):
+        monkeypatch.setenv("PDOPS_RUN_ID", f"uid-{i}")
+        v = judge_canary(target, _canary_decision(300.0 + i), tmp_path / f"run{i}", say)
+        assert not v.act
+    monkeypatch.setenv("PDOPS_RUN_ID", "uid-2")          # the retried step
+    judge_canary(target, _canary_decision(999.0), tmp_path / "run2", say)
+    saved = json.loads((target.home / "canary.json").read_text())
+    assert saved["release"] == record(1).digest and saved["runs_since_reset"] == 3
+    assert [r["run"] for r in saved["recent"]] == ["uid-0", "uid-1", "uid-2"]
+    promoted(target, 2)
+    monkeypatch.setenv("PDOPS_RUN_ID", "uid-3")
+    v = judge_canary(target, _canary_decision(300.0, kv_ok=False), tmp_path / "run3", say)
+    saved = json.loads((target.home / "canary.json").read_text())
+    assert saved["release"] == record(2).digest and saved["runs_since_reset"] == 1
+    assert v.act and v.hard == ["c8: 0 prompt tokens arrived by KV transfer"]

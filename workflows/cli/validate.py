@@ -4,6 +4,9 @@ The same stage `pdops release` runs after rollout (`steps.validate_slot`), as a 
 for the Argo `validate` step (the candidate) and pd-canary (the stable release). Nothing about what
 is validated lives in the workflow YAML: compat, every `validation.load`, KV evidence, golden tokens
 where the target has a reference, `vs_stable` and the gate all come from release.yaml.
+With --slot stable (the canary) the run is one look of many: it is recorded in the target's canary history
+of the serving release (keyed by PDOPS_RUN_ID, Argo's workflow uid) and decides across runs
+(validation/canary.py): hard failures roll back at once, latency only when its CUSUM crosses the threshold.
 Exit codes: 0 promote, 1 rollback or failed (a verdict, never retried), 2 bad input,
 75 the target could not be reached (transient: the Argo step retries it).
 """
@@ -13,9 +16,13 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from workflows.cli.common import api_key, emit, open_target, outputs_flag, progress, target_flags
-from workflows.targets.base import TargetError
+from workflows.targets.base import Progress, Target, TargetError
+
+if TYPE_CHECKING:
+    from validation.reports import Decision
 
 HELP = """\
 Validates a deployed slot against the overlay's release.yaml and prints the gate's verdict:
@@ -58,6 +65,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         with target.session():
             result = validate_slot(target, spec, run, say, slot=args.slot, digest=digest,
                                    api_key=api_key(), rendered=rendered)   # rendered: each run is priced on its nodes
+            if args.slot == "stable":   # the canary: one look of many, decided across runs (validation/canary.py)
+                result.decision = _across_runs(target, result.decision, run, say)
     except TargetError as exc:
         if exc.transient:
             raise
@@ -84,6 +93,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
     emit(args, {"verdict": "failed", "reasons": reasons, "run": str(run)},
           "FAILED: " + reasons[0] + "".join(f"\n  - {r}" for r in reasons[1:]))
     return 1
+
+
+def _across_runs(target: Target, decision: Decision, run: Path, say: Progress) -> Decision:
+    """The stable slot's verdict across runs: hard failures at once, latency on the CUSUM; its lines
+    lead the reasons (and so the summary pd-canary's alert prints)."""
+    from workflows.pipeline.canary import judge_canary
+
+    verdict = judge_canary(target, decision, run, say)
+    reasons = verdict.reasons or ["no hard failure and no latency CUSUM over its threshold"]
+    try:
+        with (run / "summary.md").open("a", encoding="utf-8") as f:
+            f.write("\n## Canary across runs\n\n" + "".join(f"- {line}\n" for line in [*reasons, *verdict.lines]))
+    except OSError as exc:
+        say(f"[canary] cannot write {run / 'summary.md'}: {exc.strerror or exc}")
+    return decision.model_copy(update={"verdict": "rollback" if verdict.act else "promote",
+                                       "reasons": [*reasons, *verdict.lines]})
 
 
 def register(sub) -> None:

@@ -186,6 +186,18 @@ class LocalTarget:
         self.home.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.history_file, json.dumps([r.model_dump() for r in entries], indent=1))
 
+    def canary_history(self) -> dict[str, Any] | None:
+        """The canary's run history of the serving release (validation/canary.py), beside the release state."""
+        try:
+            data = json.loads((self.home / "canary.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def save_canary_history(self, history: dict[str, Any]) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.home / "canary.json", json.dumps(history))
+
     def _record(self, record: ReleaseRecord) -> None:
         self._write_history(appended(self.history(), record))
 
