@@ -99,3 +99,24 @@ def test_the_recorded_spec_survives_the_history_configmap_and_a_restore(dns, man
     assert fresh.status().stable.release.spec is None
     good = next(r for r in fresh.history() if r.digest == rec.digest)
     assert good.spec == served.model_dump(mode="json")   # kept in the history: a restore carries it
+
+
+def test_the_canary_history_lives_in_the_release_record_configmap_and_survives_a_retry(
+        dns, manifests, overlay, tmp_path, monkeypatch):
+    """pd-canary's runs on the emulator: recorded in pdops-history-<release> (canary.json) under the
+    workflow's name (PDOPS_RUN_ID), once per run however often the step is retried; the next release
+    starts the history again; the record's other keys survive the write."""
+    import json
+
+    from tests.unit.test_local_target import _canary_decision
+    from workflows.pipeline.canary import judge_canary
+
+    target, rec = _serving(dns, manifests, load_spec(overlay))
+    for run in ("pd-canary-1764950400", "pd-canary-1764952200", "pd-canary-1764952200"):
+        monkeypatch.setenv("PDOPS_RUN_ID", run)
+        assert not judge_canary(target, _canary_decision(300.0), tmp_path, Lines()).act
+    cm = target.kube.get("ConfigMap", f"pdops-history-{target.store.find_release()}")
+    saved = json.loads(cm["data"]["canary.json"])
+    assert saved["release"] == rec.digest and saved["runs_since_reset"] == 2
+    assert target.status().stable.release.digest == rec.digest    # the slots were written back intact
+    assert target.canary_history() == saved

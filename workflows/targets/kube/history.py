@@ -11,6 +11,8 @@ So the store keeps what rollback needs and trims the rest, always under BUDGET:
 - each reason cut to REASON_CHARS (the full text is in the run's report);
 - then the cached golden answers (ReleaseRecord.golden, golden_cache.py) of the oldest records, and
   of the slots if they alone take half the budget: a miss only starts the reference again;
+- the canary's run history (canary.json: running sums per check and the last runs, ~30-60 KiB) is
+  counted first; when it would take more than a tenth of the budget only its last 8 runs are kept;
 - then the oldest records, never the last good one, until it fits. A manifest that alone exceeds
   the budget is refused before anything is applied.
 """
@@ -38,6 +40,7 @@ class State:
     history: list[ReleaseRecord] = field(default_factory=list)
     stable: ReleaseRecord | None = None
     candidate: ReleaseRecord | None = None
+    canary: dict[str, Any] | None = None   # the canary's run history of the serving release (validation/canary.py)
 
 
 def _cut(text: str) -> str:
@@ -59,6 +62,8 @@ def encode(state: State, budget: int = BUDGET) -> dict[str, str]:
     """history.json and slots.json for `state`, trimmed to `budget` bytes (UTF-8) together."""
     def dump(r: ReleaseRecord | None) -> Any:
         return r.model_dump(mode="json") if r else None
+    canary = _canary(state.canary, budget // 10)
+    budget -= len(canary.encode())
     kept = {"stable": state.stable and _slim(state.stable, True),
             "candidate": state.candidate and _slim(state.candidate, True)}
     slots = json.dumps({k: dump(r) for k, r in kept.items()})
@@ -76,7 +81,7 @@ def encode(state: State, budget: int = BUDGET) -> dict[str, str]:
     while True:
         history = json.dumps([dump(r) for r in records])
         if len(history.encode()) + len(slots.encode()) <= budget or len(records) <= 1:
-            return {"history.json": history, "slots.json": slots}
+            return {"history.json": history, "slots.json": slots, **({"canary.json": canary} if canary else {})}
         cached = next((i for i, r in enumerate(records) if r.golden), None)
         if cached is not None:   # golden answers of the oldest record first: a miss only restarts the reference
             records[cached] = records[cached].model_copy(update={"golden": None})
@@ -86,13 +91,23 @@ def encode(state: State, budget: int = BUDGET) -> dict[str, str]:
         records.pop(drop)
 
 
+def _canary(canary: dict[str, Any] | None, budget: int) -> str:
+    if not canary:
+        return ""
+    text = json.dumps(canary)
+    if len(text.encode()) > budget:   # the running sums decide; the recent runs are the report's
+        text = json.dumps({**canary, "recent": canary.get("recent", [])[-8:]})
+    return text
+
+
 def decode(data: dict[str, str], release: str) -> State:
     slots = json.loads(data.get("slots.json") or "{}")
     def one(key: str) -> ReleaseRecord | None:
         return ReleaseRecord.model_validate(slots[key]) if slots.get(key) else None
     history = [ReleaseRecord.model_validate(r) for r in json.loads(data.get("history.json") or "[]")]
     return State(release=release, history=history,
-                 stable=one("stable"), candidate=one("candidate"))
+                 stable=one("stable"), candidate=one("candidate"),
+                 canary=json.loads(data["canary.json"]) if data.get("canary.json") else None)
 
 
 class HistoryStore:

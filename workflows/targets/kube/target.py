@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Literal
 
 from kubernetes import client, config
 
@@ -166,6 +166,23 @@ class KubernetesTarget(Slots, ref.References, Baselines):
 
     def history(self) -> list[ReleaseRecord]:
         return self._state().history
+
+    def canary_history(self) -> dict[str, Any] | None:
+        """The canary's run history of the serving release, kept in the release history ConfigMap."""
+        return self._state().canary
+
+    def save_canary_history(self, history: dict[str, Any]) -> None:
+        """Written with the resourceVersion read (HistoryStore.update), holding the run's Lease."""
+        self._check_lock()
+        release = self._release or self.store.find_release()
+        if release is None:
+            raise TargetError("no release history in this namespace: nothing for the canary to record",
+                              ["promote a release first"])
+
+        def change(state: State) -> bool:
+            state.canary = history
+            return True
+        self.store.update(release, change)
 
     # ---- state ----
 
