@@ -4,7 +4,8 @@ pd-canary re-validates the stable release every 30 minutes (48 runs a day). Judg
 latency checks raise a false alarm every few days at best (issue 21); so here:
 
 - hard failures act at once: errors, compat, KV not moved, golden answers or the diff differ, engines
-  replaced, a report that cannot be read -- every failed check that is not a latency figure;
+  replaced, a report that cannot be read -- every failed check that is not a latency figure -- and a
+  latency figure at twice its limit or more (GROSS: not the noise of one look);
 - latency acts only when a one-sided CUSUM (Page 1954) over the runs since the serving release
   started crosses its threshold. Each latency check of each load (absolute p90/p99 in ms, vs_stable
   ratios, goodput) contributes log(value) per run, one CUSUM per check.
@@ -40,6 +41,7 @@ from validation.reports.decision import Check, Decision
 RUNS_PER_DAY = 48
 RECENT = 96                       # runs kept in the history for the report (two days)
 LATENCY = {n for n, _, _ in ABSOLUTE} | {f"vs_stable_{n}" for n, _, _ in VS} | {"goodput_rps", "slo_attainment"}
+GROSS = 2.0                       # a latency figure this many times its limit acts at once (hard_failures)
 _N = NormalDist()
 
 
@@ -91,10 +93,18 @@ def latency_stats(decision: Decision) -> dict[str, float]:
     return out
 
 
+def _gross(c: Check) -> bool:
+    """A latency figure at GROSS times its limit or more (p90 ms against the SLO, a vs_stable ratio
+    against its factor): not noise of one look, so it acts at once."""
+    return (c.check not in ("goodput_rps", "slo_attainment") and isinstance(c.value, (int, float))
+            and isinstance(c.limit, (int, float)) and c.limit > 0 and c.value >= GROSS * c.limit)
+
+
 def hard_failures(decision: Decision) -> list[Check]:
     """Failed checks that act at once: everything but a latency figure (a latency check with no figure
-    at all, value null, is a measurement that failed, so it is hard too)."""
-    return [c for c in decision.checks if not c.ok and (c.check not in LATENCY or c.value is None)]
+    at all, value null, is a measurement that failed, so it is hard too), and a latency figure at
+    GROSS times its limit."""
+    return [c for c in decision.checks if not c.ok and (c.check not in LATENCY or c.value is None or _gross(c))]
 
 
 def empty(release: str) -> dict[str, Any]:
@@ -183,7 +193,8 @@ def decide(decision: Decision, history: dict[str, Any], design: CanaryDesign = C
         if v.get("h"):
             lines.append(f"  {key}: CUSUM {v['s']:.2f} / h {v['h']:.2f} (k {v['k']:.2f}, run z {v['z']:+.2f}, "
                          f"{int(v['n'])} runs)")
-    latency_failed = [c for c in decision.checks if not c.ok and c.check in LATENCY and c.value is not None]
+    latency_failed = [c for c in decision.checks
+                      if not c.ok and c.check in LATENCY and c.value is not None and not _gross(c)]
     if latency_failed and not alarms:
         lines.append(f"{len(latency_failed)} latency checks failed this run alone: not acted on (one look of many; "
                      "the CUSUM decides)")

@@ -85,3 +85,13 @@ def test_the_threshold_spends_the_budget():
     arl = 2 * 1440 / 0.05
     h = canary.threshold(1.0, arl)
     assert abs(canary.siegmund_arl(1.0, h) - arl) / arl < 1e-6
+
+
+def test_a_latency_failure_of_one_look_waits_for_the_cusum_unless_it_is_gross():
+    def failed(value: float) -> Decision:
+        return Decision.of([Check(check="itl_p90_ms", ok=False, bench="c8", value=value, limit=60.0,
+                                  message=f"c8: itl p90 {value} ms > 60 ms")], 1, set())
+    _, _, v = _run(None, "sha256:aaa", "uid-0", failed(75.0))
+    assert not v.act and any("not acted on" in line for line in v.lines)
+    _, _, v = _run(None, "sha256:aaa", "uid-0", failed(250.0))     # 4x the SLO: pd-canary's Argo-tier regression
+    assert v.act and v.hard == ["c8: itl p90 250.0 ms > 60 ms"]
