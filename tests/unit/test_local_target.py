@@ -339,3 +339,24 @@ def test_the_canary_history_sits_beside_the_release_state_and_resets_on_a_new_re
     saved = json.loads((target.home / "canary.json").read_text())
     assert saved["release"] == record(2).digest and saved["runs_since_reset"] == 1
     assert v.act and v.hard == ["c8: 0 prompt tokens arrived by KV transfer"]
+
+
+def test_pdops_validate_stable_turns_one_looks_latency_failure_into_no_action(target, tmp_path, monkeypatch):
+    """cmd_validate's stable branch (workflows/cli/validate.py _across_runs): the gate's per-run rollback on
+    a latency figure becomes promote (stays) with the CUSUM lines in the reasons and summary.md; a hard
+    failure stays rollback."""
+    from validation.reports.decision import Check, Decision
+    from workflows.cli.validate import _across_runs
+
+    promoted(target, 1)
+    monkeypatch.setenv("PDOPS_RUN_ID", "pd-canary-1")
+    (tmp_path / "summary.md").write_text("# gate\n")
+    slow = Decision.of([Check(check="ttft_p90_ms", ok=False, bench="c8", value=950.0, limit=900.0,
+                              message="c8: ttft p90 950 ms > 900 ms")], 1, set())
+    assert slow.verdict == "rollback"
+    d = _across_runs(target, slow, tmp_path, say)
+    assert d.verdict == "promote" and any("runs since the serving release" in r for r in d.reasons)
+    assert "## Canary across runs" in (tmp_path / "summary.md").read_text()
+    monkeypatch.setenv("PDOPS_RUN_ID", "pd-canary-2")
+    d = _across_runs(target, _canary_decision(300.0, kv_ok=False), tmp_path, say)
+    assert d.verdict == "rollback" and d.reasons[0] == "c8: 0 prompt tokens arrived by KV transfer"
