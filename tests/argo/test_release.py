@@ -63,7 +63,7 @@ def test_re_releasing_the_serving_render_is_a_no_op_that_succeeds(pipeline):
 
 def test_gate_failure_rolls_back_and_keeps_stable(pipeline):
     pipeline.seed("a")                                                  # stable: blue
-    pipeline.next_engine(inter_token_delay=0.25)                       # ITL far above dev's 60 ms p90 SLO
+    pipeline.next_engine(inter_token_delay=0.12)                       # ITL 2x dev's 60 ms p90 SLO (0.25: 2x slower)
     run = pipeline.submit("pd-release.yaml", {})
     assert run.outputs.get("verdict") == "rollback", run.describe()
     assert "ITL" in run.outputs.get("summary", "") or "itl" in run.outputs.get("summary", ""), run.describe()
@@ -149,7 +149,7 @@ def test_skip_to_rollback_still_emits_the_release_metrics(skip_run):
 
 def test_canary_rollback_restores_the_previous_good_release(pipeline):
     pipeline.seed("a")                                                   # blue, then
-    pipeline.next_engine(inter_token_delay=0.25)
+    pipeline.next_engine(inter_token_delay=0.12)   # 2x the 60 ms ITL p90 SLO (0.25 took 2x as long)
     pipeline.seed("b")                                                   # green is stable, and regressed
     run = pipeline.submit("pd-canary.yaml", {"on-regression": "rollback"}, via="ui")
     assert pipeline.stable_colour() == "blue" and pipeline.rayservices() == {"pd-llm-blue"}, run.describe()
