@@ -189,6 +189,10 @@ def _latency_checks(out: _Checks, b: BenchReport, lab: str, i: int, slo: SLO, bu
                     f"(point estimate: {got})", lab, v, limit)
             continue
         per = "ttft_ms" if metric == "ttft_ms" else "tpot_ms"     # chunk-level ITL is judged on TPOT
+        untimed = judge.tpot_coverage(b) if per == "tpot_ms" and got[1] is None else None
+        if untimed:
+            out.add(name, False, f"{lab}: {metric} {qn} {v:.1f} ms{src} not judged: {untimed}", lab, v, limit)
+            continue
         values = judge.gap_values(b) if got[1] is not None else judge.request_values(b, per)
         if isinstance(values, str):
             out.add(name, False, f"{lab}: {metric} {qn} {v:.1f} ms{src} not judged: {values}", lab, v, limit)
@@ -304,6 +308,13 @@ def _vs_pair(out: _Checks, b: BenchReport, s: BenchReport, i: int, lab: str, slo
         name, metric = p.check.removeprefix("vs_stable_"), str(p.metric)
         q, factor = float(p.q or 0), float(p.limit or 0)
         chunk = "chunk" in (b.itl_level, s.itl_level)   # then both sides use TPOT
+        if metric == "tpot_ms" or (metric == "itl_ms" and chunk):
+            untimed = [f"{side}: {why}" for side, r in (("candidate", b), ("baseline", s))
+                       if (why := judge.tpot_coverage(r))]
+            if untimed:
+                out.add(f"vs_stable_{name}", False, f"{lab}: {name} not compared: " + "; ".join(untimed), lab,
+                        None, factor)
+                continue
         cs, ss = judge.request_values(b, metric, chunk), judge.request_values(s, metric, chunk)
         if isinstance(cs, str) or isinstance(ss, str):
             _vs_point(out, b, s, lab, name, metric, q, factor, cs if isinstance(cs, str) else f"stable: {ss}")

@@ -184,6 +184,33 @@ def request_values(b: BenchReport, metric: str, chunk: bool = False) -> Blocked 
     return vals, ids
 
 
+# A side whose client timed TPOT on fewer than this share of its multi-token requests has no TPOT to judge:
+# the requests it kept are the ones the client's stalls spared, not a sample of decode. In-sample choice
+# (docs/measurements.md "Real local A/A"): healthy local runs time most multi-token requests; the run that
+# rolled an identical release back kept 8-11 of 16 under the old rule, some of them 0.03 ms artefacts.
+TPOT_COVERAGE_MIN = 0.25
+
+
+def tpot_coverage(b: BenchReport) -> str | None:
+    """Why this run's TPOT cannot be judged (too few multi-token requests timed), or None when it can.
+    A report without `tpot_unmeasured` (from before the count) takes every successful request as
+    multi-token: the stricter reading."""
+    ok = b.requests_ok or 0
+    why = b.tpot_unmeasured or {}
+    multi = ok - why.get("one_token", 0)
+    if multi <= 0:
+        return None     # no multi-token request: nothing to time, the TPOT checks say "no samples"
+    s = b.samples    # the summary's count covers every request; samples may be a truncated subset
+    timed = b.tpot_ms.count if b.tpot_ms is not None and b.tpot_ms.count is not None else (
+        len(s.tpot) if s is not None and s.tpot is not None else None)
+    if timed is None or timed >= TPOT_COVERAGE_MIN * multi:   # None: no count at all (a summary-only report,
+        return None                                           # judged on its point estimate, said as such)
+    reasons = ", ".join(f"{n} {k}" for k, n in why.items() if k != "one_token") or "no reasons recorded"
+    return (f"TPOT timed on {timed} of {multi} multi-token requests (< {TPOT_COVERAGE_MIN:.0%}; untimed: {reasons}): "
+            "the client saw too little of decode, so TPOT is not judged and fails closed; the client's own stalls "
+            "are the usual cause (client_health), so re-run on a less loaded client")
+
+
 def gap_values(b: BenchReport) -> Blocked | str:
     """Every ITL gap with its request's block (absolute ITL thresholds on token-level streams)."""
     s = b.samples if b.samples is not None else Samples()

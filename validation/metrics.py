@@ -6,6 +6,7 @@ Goodput (DistServe) = requests/s meeting the TTFT and TPOT SLOs together.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from collections.abc import Iterable
@@ -45,6 +46,41 @@ def output_tokens(rec: dict) -> int | None:
     return ct if isinstance(ct, int) else None
 
 
+# Why a successful request has no TPOT (BenchReport.tpot_unmeasured counts them by reason):
+TPOT_UNMEASURED = {
+    "one_token": "the answer had one token: no decode gap to time",
+    "no_usage": "the answer carried no usage, so no count of output tokens",
+    "one_read": "every content event arrived in the read that carried the first one (a stream the "
+                "client received all at once, after its own stall or the server's batching)",
+    "decode_not_timed": "fewer than half of the content events after the first arrived in later reads: "
+                        "the client saw too little of decode to time it",
+}
+
+
+def decode_timing(rec: dict, ntok: int | None) -> str | None:
+    """Why this request's TPOT cannot be measured at the client, or None when it can.
+
+    TPOT is (e2e - TTFT) / (tokens - 1): it times decode only when the client saw decode happen, i.e.
+    when the content events after the first arrived spread over later socket reads. The real local A/A
+    (docs/measurements.md, 2026-12-05 second batch) kept TPOT samples of 0.01-0.05 ms: 128-token streams
+    that reached the client in one read after a client stall, the few ms to the final usage chunk divided
+    by 127. One such baseline sample moved its block pair's ratio about 80x and rolled back an identical
+    release. Half, not all: Ray Serve batches its stream, so several events share a read in a healthy
+    run (tokens_per_chunk 1.5-4 on the local stack); a stream whose later half came in one read after a
+    stall is dominated by that stall, not by decode."""
+    if ntok is None:
+        return "no_usage"
+    if ntok <= 1:
+        return "one_token"
+    first, later = rec.get("first_content"), (rec.get("chunk_times") or [])[1:]
+    in_later_reads = sum(1 for t in later if first is not None and t > first)
+    if in_later_reads == 0:
+        return "one_read"
+    if in_later_reads * 2 < len(later):
+        return "decode_not_timed"
+    return None
+
+
 def per_request(rec: dict, from_scheduled: bool = False) -> dict:
     """Timings (ms) of one successful record; origin is actual send (or scheduled send)."""
     origin = rec["scheduled"] if (from_scheduled and rec.get("scheduled") is not None) else rec["sent"]
@@ -52,15 +88,15 @@ def per_request(rec: dict, from_scheduled: bool = False) -> dict:
     end = rec.get("last_chunk") or rec.get("done")
     e2e = (end - origin) * 1000 if end is not None else None
     ntok = output_tokens(rec)
-    tpot = None
-    # e2e == ttft: every event after the first content arrived in the same socket read (a batched
-    # stream), so the client saw no per-token time at all: not measured (null), never a 0 ms TPOT,
-    # which the gate refuses as invalid input (validation/gate_inputs.py)
-    if ttft is not None and e2e is not None and ntok and ntok > 1 and e2e > ttft:
-        tpot = (e2e - ttft) / (ntok - 1)
+    # not measured is null with its reason (decode_timing), never a 0 ms or 0.03 ms TPOT
+    untimed = decode_timing(rec, ntok)
+    if untimed is None and (ttft is None or e2e is None or e2e <= ttft):
+        untimed = "one_read"    # no time between the first content and the end: nothing timed
+    tpot = (e2e - ttft) / (ntok - 1) if untimed is None and ntok and ttft is not None and e2e is not None else None
     ct = rec.get("chunk_times") or []
     itl = [(b - a) * 1000 for a, b in itertools.pairwise(ct)]
-    return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": itl, "tokens": ntok, "chunks": len(ct)}
+    return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "tpot_unmeasured": untimed, "itl": itl, "tokens": ntok,
+            "chunks": len(ct)}
 
 
 def itl_level(tokens_per_chunk_mean: float | None) -> str:
@@ -114,6 +150,10 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
         "ttft_ms": summary(p["ttft"] for p in pr),
         "itl_ms": summary(itl),
         "tpot_ms": summary(p["tpot"] for p in pr),
+        # successful requests without a TPOT, by reason (TPOT_UNMEASURED): the gate refuses to judge TPOT
+        # on a side that timed too few of its multi-token requests (validation/gate.py tpot_coverage)
+        "tpot_unmeasured": dict(sorted(collections.Counter(
+            p["tpot_unmeasured"] for p in pr if p["tpot_unmeasured"] is not None).items())),
         "e2e_ms": summary(p["e2e"] for p in pr),
         "tokens_per_chunk": summary(tok_per_chunk),
         "itl_level": itl_level(summary(tok_per_chunk)["mean"]),

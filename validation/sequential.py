@@ -72,6 +72,11 @@ def merge_bench(a: BenchReport, b: BenchReport) -> BenchReport:
             **kb.model_dump(),
             "external_kv_prompt_tokens": _add(ka.external_kv_prompt_tokens, kb.external_kv_prompt_tokens),
             "nixl_failed_transfers": _add(ka.nixl_failed_transfers, kb.nixl_failed_transfers)})
+    if a.tpot_unmeasured is not None and b.tpot_unmeasured is not None:
+        out.tpot_unmeasured = {k: a.tpot_unmeasured.get(k, 0) + b.tpot_unmeasured.get(k, 0)
+                               for k in sorted({*a.tpot_unmeasured, *b.tpot_unmeasured})}
+    else:
+        out.tpot_unmeasured = None
     out.looks = (a.looks or [_look(a)]) + [_look(b)]
     recomputed = ("requests_total", "requests_ok", "errors", "goodput_requests", "wall_s", "error_rate", "goodput_rps",
                   "slo_attainment", "ttft_ms", "tpot_ms", "itl_ms", "server.kv")

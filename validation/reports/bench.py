@@ -197,6 +197,10 @@ class BenchReport(ReportModel):
     output_tokens: Quantiles | None = None
     input_tokens: Quantiles | None = None
     requests_missing_usage: int | None = None
+    # successful requests without a TPOT sample, by reason (validation/metrics.py TPOT_UNMEASURED): one_token,
+    # no_usage, one_read, decode_not_timed. None: a report from before the count (the gate then takes every
+    # request as multi-token, validation/gate.py tpot_coverage)
+    tpot_unmeasured: dict[str, int] | None = None
     request_throughput_rps: float | None = None
     output_token_throughput_tps: float | None = None
     input_token_throughput_tps: float | None = None
@@ -218,7 +222,7 @@ class BenchReport(ReportModel):
     # null by design: settings of the run, not figures it measured
     BY_DESIGN: ClassVar[tuple[str, ...]] = ("load", "goodput_slo", "profile_spec", "samples", "looks", "interleaved",
                                            "balance",
-                                           "cost",
+                                           "cost", "tpot_unmeasured",
                  "ttft_from_scheduled_ms", "e2e_from_scheduled_ms", "base_url", "model", "profile", "started_unix",
                  "client_health.per_worker", "client_health.workers", "lengths.output_mismatch_samples",
                                            "server.error", "server.unreachable", "server.phases", "server.url")
