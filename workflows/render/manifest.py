@@ -20,6 +20,7 @@ import yaml
 from validation.yaml_input import parse_yaml, read_yaml_file
 from workflows.errors import InputError
 from workflows.render import cache
+from workflows.render.monitor import with_slot_labels
 from workflows.render.serve_config import build_serve_config, validate_with_ray
 from workflows.spec.release import SPEC_FILE, ReleaseSpec, load_spec, repository_file, repository_root
 
@@ -258,6 +259,8 @@ def render(overlay: Path, validate_serve_config: bool = True) -> Rendered:
         annotations[sizing.ARCH_ANNOTATION] = arch
     rayservice.setdefault("spec", {})["serveConfigV2"] = dump_yaml(serve_config)
     _applied_pdbs(objects, rayservice, overlay)
+    for podmonitor in find(objects, "PodMonitor"):   # as the target applies it (monitor.py)
+        with_slot_labels(podmonitor)
     return Rendered(objects=objects, file=str(overlay), spec=spec, overlay=overlay)
 
 

@@ -7,8 +7,10 @@
   crash-looping candidate never counts against the stable slot's drains. Their spec is applied as
   `pdops render` emits it: the integer `minAvailable` form (workflows/render/pdb.py says why maxUnavailable
   cannot work for RayCluster-owned pods); only a release recorded before render did so is converted.
-- ServiceAccount, PodMonitor: shared, applied as they are (the PodMonitor carries the colour label
-  into every scraped series).
+- ServiceAccount, PodMonitor: shared, applied as rendered. The render's PodMonitor already lists
+  `pdops.dev/colour` and `pdops.dev/phase` in podTargetLabels (workflows/render/monitor.py), which carry
+  each pod's colour and phase into every scraped series; only a release recorded before render did
+  so is converted here.
 - The stable Service (applied on promote only) selects `pdops.dev/colour=<c>` and
   `ray.io/serve=true`: every serving pod of that colour, as KubeRay's own serve Service does
   (common/service.go BuildServeService: ray.io/cluster + ray.io/serve=true). Worker pods carry
@@ -24,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION, PHASE_LABEL, RELEASE_LABEL, REVISION_ANNOTATION
+from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION, RELEASE_LABEL, REVISION_ANNOTATION
+from workflows.render.monitor import with_slot_labels
 from workflows.render.pdb import as_min_available, group_pods
 from workflows.targets.base import ReleaseRecord, TargetError
 from workflows.targets.kube.api import KINDS
@@ -104,8 +107,8 @@ def release_objects(record: ReleaseRecord, namespace: str) -> list[dict[str, Any
         elif obj["kind"] == "PodDisruptionBudget":
             obj = _pdb(obj, colour, pods)
         elif obj["kind"] == "PodMonitor":   # colour and phase select a slot's engines in Prometheus (traffic.py)
-            labels = obj["spec"].setdefault("podTargetLabels", [])
-            labels += [label for label in (COLOUR_LABEL, PHASE_LABEL) if label not in labels]
+            # a render already lists them (monitor.py); a release recorded before it did is converted here
+            with_slot_labels(obj)
         elif obj["kind"] not in SHARED_KINDS:
             continue
         out.append(obj)

@@ -74,7 +74,7 @@ def endpoint(kube: Kube, slot: str, record: ReleaseRecord, lag_s: float) -> Endp
     ns = kube.namespace
     metrics = worker_metrics(kube, record)
     phases = engine_replicas(metrics)
-    # in Prometheus: this colour's pods (objects.release_objects adds both labels to podTargetLabels)
+    # in Prometheus: this colour's pods (the rendered PodMonitor lists both in podTargetLabels: render/monitor.py)
     prom = {"prometheus_labels": {"namespace": ns, prom_label(COLOUR_LABEL): record.colour},
             "prometheus_phase_label": prom_label(PHASE_LABEL)}
     if slot == "stable":
