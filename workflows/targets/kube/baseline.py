@@ -24,16 +24,14 @@ vs_stable closed, or skips it under `slo.vs_stable.without_baseline: absolute_on
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from validation.interleave import foreign_requests
-from workflows.names import REVISION_ANNOTATION, ROLE_LABEL
+from workflows.names import ROLE_LABEL
 from workflows.targets.base import Baseline, Progress, ReleaseRecord, Skipped
 from workflows.targets.kube import objects as obj, traffic
-from workflows.targets.kube.readiness import rayservice_state
 
 ROLE = COLOUR = "baseline"
 
@@ -60,22 +58,18 @@ def rayservice(record: ReleaseRecord, namespace: str) -> dict[str, Any]:
 
 
 class Baselines:
-    """Mixin of KubernetesTarget (target.py supplies kube, the lock, the capacity check, _wait_gone and
-    _serve_endpoints)."""
+    """Mixin of KubernetesTarget (target.py supplies kube, the lock and the capacity check; reference.References
+    the wait for a role's RayService, its removal and deletion, shared with the reference)."""
 
     kube: Any
     namespace: str
     dry_run: bool
-    poll_s: float
     metrics_lag_s: float
-    reference_timeout_s: float
     _check_lock: Callable[[], None]
-    _wait_gone: Callable[..., None]
     _room: Callable[..., list[str]]
-    _unplaceable: Callable[[str], str | None]
-    _serve_endpoints: Callable[[str], int]
-    _role_diagnosis: Callable[[str, str], list[str]]     # reference.References
     _delete_owned: Callable[..., None]                   # reference.References
+    _wait_role: Callable[[str, str, Progress], str]      # reference.References
+    _remove_role: Callable[[str, Progress, str], list[str]]   # reference.References
 
     @contextmanager
     def baseline_server(self, record: ReleaseRecord, progress: Progress) -> Iterator[Baseline | Skipped]:
@@ -94,7 +88,7 @@ class Baselines:
         uid = self.kube.apply(wanted)["metadata"]["uid"]
         progress(f"[baseline] applied RayService/{name}: {record.short()} at its own size, for the benchmark only")
         try:
-            why = self._wait_baseline(name, wanted, progress)
+            why = self._wait_role(name, ROLE, progress)
             yield Skipped(why) if why else Baseline(
                 endpoint=traffic.endpoint(self.kube, "candidate", as_baseline(record), self.metrics_lag_s),
                 release=record.short(), void_reason=foreign_requests,
@@ -105,40 +99,4 @@ class Baselines:
     def remove_baselines(self, progress: Progress, step: str = "baseline") -> list[str]:
         """Delete every baseline RayService in the namespace (a killed run's) and wait until gone.
         Idempotent: with none left it does nothing."""
-        removed = []
-        for rs in self.kube.list("RayService", {ROLE_LABEL: ROLE}):
-            name = rs["metadata"]["name"]
-            revision = (rs["metadata"].get("annotations") or {}).get(REVISION_ANNOTATION, "?")[:12]
-            progress(f"[{step}] removing leftover baseline RayService {name} (revision {revision}, from a run that "
-                     "did not finish)")
-            self._check_lock()
-            self.kube.delete("RayService", name)
-            self._wait_gone(name, progress, step)
-            removed.append(name)
-        return removed
-
-    def _wait_baseline(self, name: str, wanted: dict, progress: Progress) -> str:
-        """"" once RUNNING with a ready serve endpoint, else why not (bounded by reference_timeout_s)."""
-        start, last = time.monotonic(), ""
-        service = f"{name}-serve-svc"   # KubeRay utils.GenerateServeServiceName
-        while True:
-            self._check_lock()   # a lost lock stops here; the finally still deletes what is ours
-            elapsed = time.monotonic() - start
-            rs = self.kube.get("RayService", name)
-            if rs is None:
-                return f"baseline RayService {name} was deleted while waiting for it"
-            found = rayservice_state(rs)
-            if found.state == "ready" and self._serve_endpoints(service):
-                progress(f"[baseline] {name}: RUNNING ({elapsed:.0f}s)")
-                return ""
-            if found.detail != last:
-                progress(f"[baseline] {name}: {found.detail} ({elapsed:.0f}s)")
-                last = found.detail
-            if (stuck := self._unplaceable(ROLE)) is not None:
-                return f"baseline RayService {name} cannot start: {stuck}"
-            if found.terminal or elapsed >= self.reference_timeout_s:
-                what = "failed" if found.terminal else f"not ready after {self.reference_timeout_s:.0f}s"
-                return f"baseline RayService {name} {what}: {found.detail}" + "".join(
-                    f"; {line}" for line in self._role_diagnosis(name, ROLE)[:4])
-            time.sleep(self.poll_s)
-
+        return self._remove_role(ROLE, progress, step)

@@ -130,11 +130,16 @@ class References:
 
     def remove_references(self, progress: Progress, step: str = "reference") -> list[str]:
         """Delete every reference RayService in the namespace (a killed run's) and wait until gone."""
+        return self._remove_role(ROLE, progress, step)
+
+    def _remove_role(self, role: str, progress: Progress, step: str) -> list[str]:
+        """Delete every RayService labelled `role` (reference, baseline) and wait until each is gone.
+        Idempotent: with none left it does nothing."""
         removed = []
-        for rs in self.kube.list("RayService", {ROLE_LABEL: ROLE}):
+        for rs in self.kube.list("RayService", {ROLE_LABEL: role}):
             name = rs["metadata"]["name"]
             revision = (rs["metadata"].get("annotations") or {}).get(REVISION_ANNOTATION, "?")[:12]
-            progress(f"[{step}] removing leftover reference RayService {name} (revision {revision}, from a run that "
+            progress(f"[{step}] removing leftover {role} RayService {name} (revision {revision}, from a run that "
                      "did not finish)")
             self._check_lock()
             self.kube.delete("RayService", name)
@@ -144,29 +149,37 @@ class References:
 
     def _wait_reference(self, record: ReleaseRecord, wanted: dict, progress: Progress) -> tuple[str | None, str]:
         """(serve URL, "") once RUNNING with a ready serve endpoint, else (None, why not)."""
-        name, start, last = name_of(record), time.monotonic(), ""
-        service = f"{name}-serve-svc"   # KubeRay utils.GenerateServeServiceName
+        name = name_of(record)
         containers = wanted["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"]
         port = next((p["containerPort"] for p in containers[0].get("ports") or [] if p.get("name") == "serve"), 8000)
+        if why := self._wait_role(name, ROLE, progress):
+            return None, why
+        return f"http://{name}-serve-svc.{self.namespace}.svc.cluster.local:{port}/v1", ""
+
+    def _wait_role(self, name: str, role: str, progress: Progress) -> str:
+        """"" once RayService `name` of `role` (reference, baseline) is RUNNING with a ready serve endpoint,
+        else why not (bounded by reference_timeout_s)."""
+        start, last = time.monotonic(), ""
+        service = f"{name}-serve-svc"   # KubeRay utils.GenerateServeServiceName
         while True:
             self._check_lock()   # a lost lock stops here; the finally still deletes what is ours
             elapsed = time.monotonic() - start
             rs = self.kube.get("RayService", name)
             if rs is None:
-                return None, f"reference RayService {name} was deleted while waiting for it"
+                return f"{role} RayService {name} was deleted while waiting for it"
             found = rayservice_state(rs)
             if found.state == "ready" and self._serve_endpoints(service):
-                progress(f"[reference] {name}: RUNNING ({elapsed:.0f}s)")
-                return f"http://{service}.{self.namespace}.svc.cluster.local:{port}/v1", ""
+                progress(f"[{role}] {name}: RUNNING ({elapsed:.0f}s)")
+                return ""
             if found.detail != last:
-                progress(f"[reference] {name}: {found.detail} ({elapsed:.0f}s)")
+                progress(f"[{role}] {name}: {found.detail} ({elapsed:.0f}s)")
                 last = found.detail
-            if (stuck := self._unplaceable(ROLE)) is not None:
-                return None, f"reference RayService {name} cannot start: {stuck}"
+            if (stuck := self._unplaceable(role)) is not None:
+                return f"{role} RayService {name} cannot start: {stuck}"
             if found.terminal or elapsed >= self.reference_timeout_s:
                 what = "failed" if found.terminal else f"not ready after {self.reference_timeout_s:.0f}s"
-                return None, f"reference RayService {name} {what}: {found.detail}" + "".join(
-                    f"; {line}" for line in self._role_diagnosis(name)[:4])
+                return f"{role} RayService {name} {what}: {found.detail}" + "".join(
+                    f"; {line}" for line in self._role_diagnosis(name, role)[:4])
             time.sleep(self.poll_s)
 
     def _serve_endpoints(self, service: str) -> int:
