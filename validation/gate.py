@@ -191,7 +191,7 @@ def _latency_checks(out: _Checks, b: BenchReport, lab: str, i: int, slo: SLO, bu
         per = "ttft_ms" if metric == "ttft_ms" else "tpot_ms"     # chunk-level ITL is judged on TPOT
         untimed = judge.tpot_coverage(b) if per == "tpot_ms" and got[1] is None else None
         if untimed:
-            out.add(name, False, f"{lab}: {metric} {qn} {v:.1f} ms{src} not judged: {untimed}", lab, v, limit)
+            _untimed(out, name, lab, f"{metric} {qn} {v:.1f} ms{src} (limit {limit} ms)", v, limit, untimed)
             continue
         values = judge.gap_values(b) if got[1] is not None else judge.request_values(b, per)
         if isinstance(values, str):
@@ -201,6 +201,15 @@ def _latency_checks(out: _Checks, b: BenchReport, lab: str, i: int, slo: SLO, bu
         used = " from TPOT samples" if metric == "itl_ms" and b.itl_level == "chunk" else ""
         out.add(name, j.ok, f"{lab}: {metric} {qn} {v:.1f} ms{src}{used} vs limit {limit} ms, {j.message}",
                 lab, v, limit, j, i)
+
+
+def _untimed(out: _Checks, name: str, lab: str, what: str, point: float, limit: float, why: str) -> None:
+    """A TPOT check on a run whose client timed too few requests (judge.tpot_coverage): no interval, so
+    inconclusive, and slo.statistics.inconclusive decides (fail by default: closed; point_estimate: the
+    timed requests' own figure, which no client stall shrank, decode_timing having voided those)."""
+    ok, note = judge.policy("inconclusive", point <= limit, out.st, out.look)
+    c = out.add(name, ok, f"{lab}: {what}: no interval: {why}: inconclusive{note}", lab, point, limit)
+    c.verdict = "inconclusive"
 
 
 def _client_check(out: _Checks, b: BenchReport, lab: str, slo: SLO) -> None:
@@ -312,8 +321,14 @@ def _vs_pair(out: _Checks, b: BenchReport, s: BenchReport, i: int, lab: str, slo
             untimed = [f"{side}: {why}" for side, r in (("candidate", b), ("baseline", s))
                        if (why := judge.tpot_coverage(r))]
             if untimed:
-                out.add(f"vs_stable_{name}", False, f"{lab}: {name} not compared: " + "; ".join(untimed), lab,
-                        None, factor)
+                qn = f"p{stats.q_name(q)}"
+                cv, sv = _q(b.tpot_ms, qn), _q(s.tpot_ms, qn)
+                if cv is None or not sv:
+                    out.add(f"vs_stable_{name}", False, f"{lab}: {name} not compared (candidate TPOT {qn} {cv}, "
+                            f"baseline {sv}): " + "; ".join(untimed), lab, None, factor)
+                    continue
+                _untimed(out, f"vs_stable_{name}", lab, f"{name}: TPOT {qn} {cv:.1f} ms is {cv / sv:.2f}x the "
+                         f"baseline's {sv:.1f} ms (limit {factor}x)", cv / sv, factor, "; ".join(untimed))
                 continue
         cs, ss = judge.request_values(b, metric, chunk), judge.request_values(s, metric, chunk)
         if isinstance(cs, str) or isinstance(ss, str):

@@ -1,5 +1,6 @@
 """TPOT only where the client timed decode (validation/metrics.py decode_timing), and the gate failing
-TPOT closed on a side that timed too few requests (validation/judge.py tpot_coverage).
+TPOT inconclusive on a side that timed too few requests (validation/judge.py tpot_coverage), so
+slo.statistics.inconclusive decides (fail by default: closed).
 
 The defect these pin (docs/measurements.md, real local A/A second batch, 2026-12-05): a 128-token stream
 that reached the client in one read after a client stall gave a TPOT of 0.03 ms, which moved its block
@@ -80,7 +81,7 @@ def test_coverage_counts_multi_token_requests_only():
     assert judge.tpot_coverage(old) is not None
 
 
-def test_the_gate_fails_tpot_closed_when_the_baseline_timed_too_few_requests():
+def test_the_gate_fails_tpot_closed_on_too_few_timed_requests_unless_point_estimate_is_chosen():
     cand = BenchReport.coerce(bench(n=40, blocks=4, seed=1))
     base_ok = _with_tpot(bench(n=40, blocks=4, seed=2), 40, {})
     base_bad = _with_tpot(bench(n=40, blocks=4, seed=2), 3, {"one_read": 37})
@@ -89,12 +90,21 @@ def test_the_gate_fails_tpot_closed_when_the_baseline_timed_too_few_requests():
     good = by(decide(COMPAT, [cand], s, [base_ok]))["vs_stable_tpot_p90"]
     bad = by(decide(COMPAT, [cand], s, [base_bad]))["vs_stable_tpot_p90"]
     assert good.interval is not None                  # judged: the paired-block interval
-    assert not bad.ok and bad.interval is None and "baseline: TPOT timed on 3 of 40" in bad.message
+    # no interval, so inconclusive, and slo.statistics.inconclusive (fail by default) decides: not promoted
+    assert not bad.ok and bad.interval is None and bad.verdict == "inconclusive"
+    assert "baseline: TPOT timed on 3 of 40" in bad.message and "inconclusive: fail" in bad.message
+    # an environment that chose point_estimate gets the timed requests' own ratio, and the message says so
+    pe = s.model_copy(update={"statistics": s.statistics.model_copy(update={"inconclusive": "point_estimate"})})
+    by_point = by(decide(COMPAT, [cand], pe, [base_bad]))["vs_stable_tpot_p90"]
+    assert by_point.verdict == "inconclusive" and "decided by the point estimate" in by_point.message
+    assert by_point.value == pytest.approx(cand.tpot_ms.p90 / base_bad.tpot_ms.p90)
+    slower = BenchReport.coerce(bench(n=40, blocks=4, seed=1, scale=3.0))     # 3x slower: beyond 1.1x
+    assert not by(decide(COMPAT, [slower], pe, [base_bad]))["vs_stable_tpot_p90"].ok
     # and the candidate's own absolute TPOT SLO, on the same defect
     d = decide(COMPAT, [_with_tpot(bench(n=40, blocks=4, seed=1), 3, {"one_read": 37})],
                s.model_copy(update={"decode": s.decode.model_copy(update={"tpot_p90_ms": 100})}))
     tpot = next(c for c in d.checks if c.check == "tpot_p90_ms")
-    assert not tpot.ok and "not judged: TPOT timed on 3 of 40" in tpot.message
+    assert not tpot.ok and tpot.verdict == "inconclusive" and "no interval: TPOT timed on 3 of 40" in tpot.message
     assert d.verdict != "promote"
 
 
