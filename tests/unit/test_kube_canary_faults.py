@@ -149,3 +149,66 @@ def test_a_fault_at_every_history_write_converges_to_one_entry_per_run_and_loses
         assert codes == [0, 0, 0], where
     else:                 # the API server's 500/504, or the client gone: exit 75, Argo's retry code
         assert codes.count(75) == 1 and len(codes) == len(RUNS) + 1 and codes.count(0) == len(RUNS), where
+
+
+def test_a_writer_storing_between_the_steps_read_and_write_keeps_its_entry_after_the_409(
+        manifests, tmp_path, monkeypatch, capsys):
+    """Issue 22: the step's history write reads canary.json (with its resourceVersion), builds the new
+    history and PUTs it. Here another writer stores a run of its own in between, so the PUT gets 409
+    and HistoryStore.update reads again: the entry must be built from THAT read, and both runs stored.
+    (Before the fix the step built its history from a read made before the write and wrote it again
+    on the retry, so the other writer's run was overwritten: this test failed with
+    ['pd-canary-1764950400'] stored.) The step's verdict must count the runs stored (2), not the
+    runs it first read (1).
+
+    Emulated: the other writer, as a store update inside the API server (tests/fakes/kube/store.py)
+    run by the server's before_write hook just before the CLI's first PUT of the history ConfigMap;
+    today the run's Lease keeps such a writer out, so it stands for a writer that does not hold it.
+    The 409 is the store's own (a PUT whose resourceVersion is stale, as k8s.io/apiserver
+    registry/store.go Update refuses it), not a WriteFault. Real: the CLI, the kubernetes client, the
+    target and HistoryStore.update's retry, the canary's bookkeeping (validation/canary.py)."""
+    from validation import canary
+
+    other, mine = "pd-canary-elsewhere", RUNS[0]
+    def validate_slot(target, spec, run, progress, **kwargs):
+        return steps.Validation(decision=_canary_decision(300.0),
+                                report=ReportFiles(json=str(run / "report.json"), markdown=str(run / "report.md")),
+                                benches=[], release="pd-llm")
+    monkeypatch.setattr(steps, "validate_slot", validate_slot)
+    cluster = start_cluster(kubeconfig=tmp_path / "kubeconfig")
+    try:
+        release(target(cluster), record(manifests))
+        raced: list[str] = []
+
+        def other_writer_first(req) -> None:
+            if (req.method == "PUT" and req.path.endswith(f"/configmaps/{HISTORY}")
+                    and req.agent.startswith(CLI_AGENT) and not raced):
+                configmaps = cluster.store_resource("configmaps")   # the store directly: inside the API server
+                cm = cluster.store.get(configmaps, LOCAL_NS, HISTORY)
+                stored = json.loads(cm["data"]["canary.json"]) if cm["data"].get("canary.json") else None
+                digest = json.loads(cm["data"]["slots.json"])["stable"]["digest"]
+                history, _ = canary.record(stored, digest, other, 0.0,
+                                           canary.latency_stats(_canary_decision(301.0)))
+                cm["data"]["canary.json"] = json.dumps(history)
+                cluster.store.update(configmaps, LOCAL_NS, HISTORY, cm, "other-writer")
+                raced.append(cm["metadata"]["resourceVersion"])
+        cluster.faults.before_write.append(other_writer_first)
+        watch = Watch()
+        cluster.store.listeners.append(watch)
+        _lease(cluster, "start", mine)
+        capsys.readouterr()
+        code = _validate(cluster, mine, tmp_path / "run", monkeypatch)
+        out = capsys.readouterr()
+        _lease(cluster, "end", mine)
+        puts = [r for r in cluster.api.requests if r.method == "PUT" and r.path.endswith(f"/configmaps/{HISTORY}")
+                and r.agent.startswith(CLI_AGENT)]
+        stored = json.loads(cluster.objects("configmaps", LOCAL_NS)[HISTORY]["data"]["canary.json"])
+    finally:
+        cluster.close()
+    assert raced, "the other writer never ran: the CLI sent no PUT of the history ConfigMap"
+    assert len(puts) == 2, f"expected the 409'd PUT and its retry, got {len(puts)}"
+    assert code == 0, out.out + out.err
+    assert sorted(r["run"] for r in stored["recent"]) == sorted([other, mine]), stored["recent"]
+    assert stored["runs_since_reset"] == 2 and stored["keys"]["c8/ttft_p90_ms"]["n"] == 2
+    assert watch.problems == []
+    assert "canary: 2 runs since the serving release" in out.out + out.err   # the verdict of the stored history

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -194,9 +194,18 @@ class LocalTarget:
             return None
         return data if isinstance(data, dict) else None
 
-    def save_canary_history(self, history: dict[str, Any]) -> None:
+    def update_canary_history(self, change: Callable[[dict[str, Any] | None], dict[str, Any]]) -> dict[str, Any]:
+        """Read-modify-write of canary.json under canary.lock (flock, blocking: a writer holds it for
+        one read and one small write): `change` gets the history as stored and returns the new one
+        (equal: nothing is written), so two canary runs at once both land. Returns what is stored."""
         self.home.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.home / "canary.json", json.dumps(history))
+        with open(self.home / "canary.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)    # released when the file is closed
+            current = self.canary_history()
+            new = change(current)
+            if new != current:
+                _write_atomic(self.home / "canary.json", json.dumps(new))
+            return new
 
     def _record(self, record: ReleaseRecord) -> None:
         self._write_history(appended(self.history(), record))

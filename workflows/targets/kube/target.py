@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -171,18 +171,31 @@ class KubernetesTarget(Slots, ref.References, Baselines):
         """The canary's run history of the serving release, kept in the release history ConfigMap."""
         return self._state().canary
 
-    def save_canary_history(self, history: dict[str, Any]) -> None:
-        """Written with the resourceVersion read (HistoryStore.update), holding the run's Lease."""
+    def update_canary_history(self, change: Callable[[dict[str, Any] | None], dict[str, Any]]) -> dict[str, Any]:
+        """Read-modify-write of canary.json, holding the run's Lease: `change` gets the history as
+        stored and returns the new one (equal: nothing is written). The write carries the
+        resourceVersion read (HistoryStore.update); on 409 the ConfigMap is read again and `change`
+        called again on what the other writer stored, so its entry is kept. Returns the history of
+        the attempt that was stored (or found unchanged)."""
         self._check_lock()
         release = self._release or self.store.find_release()
         if release is None:
             raise TargetError("no release history in this namespace: nothing for the canary to record",
                               ["promote a release first"])
+        attempts: list[dict[str, Any]] = []
 
-        def change(state: State) -> bool:
-            state.canary = history
+        def apply(state: State) -> bool:
+            new = change(state.canary)
+            attempts.append(new)
+            if new == state.canary:
+                return False
+            state.canary = new
             return True
-        self.store.update(release, change)
+        self.store.update(release, apply)
+        if not attempts:   # HistoryStore.update found no ConfigMap: deleted since find_release
+            raise TargetError(f"the release history ConfigMap {self.store.name(release)} is gone: nothing for "
+                              "the canary to record", ["promote a release first"])
+        return attempts[-1]
 
     # ---- state ----
 
