@@ -2,11 +2,12 @@
 
 No Docker engine runs here, so the image's install is replayed instead: the Dockerfile installs only
 by `bash scripts/setup.sh` with the environment it sets (pinned below), so this test runs the same
-script with that environment into a fresh virtualenv and then runs the first steps' real commands
-in it (`pdops render` and `pdops check` of a GPU overlay, which died with "Neither vLLM nor SGLang
-is installed" when the image had Ray without vLLM) and every other subcommand the committed
-workflows call, with --help. What is not replayed: the base image's OS packages (python:3.11-slim
-vs this machine's Python 3.11) and the non-root user.
+script with that environment into a virtualenv (kept between runs while setup.sh, the Dockerfile and
+pyproject.toml are unchanged, with this checkout's code installed again every run: tests/step_venv.py)
+and then runs the first steps' real commands in it (`pdops render` and `pdops check` of a GPU
+overlay, which died with "Neither vLLM nor SGLang is installed" when the image had Ray without vLLM)
+and every other subcommand the committed workflows call, with --help. What is not replayed: the base
+image's OS packages (python:3.11-slim vs this machine's Python 3.11) and the non-root user.
 """
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import os
 import re
 import shlex
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.step_venv import installed_code_differs, step_venv
 
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -60,18 +62,23 @@ def step_subcommands() -> set[tuple[str, ...]]:
 
 
 @pytest.fixture(scope="module")
-def image_venv(tmp_path_factory) -> Path:
-    venv = tmp_path_factory.mktemp("step-image") / "venv"
-    env = {**os.environ, **{k: v for k, v in dockerfile_env().items() if k.startswith("PDOPS_SETUP")},
-           "PDOPS_VENV": str(venv), "PYTHON": sys.executable}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
-                          timeout=1800)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return venv
+def image_venv() -> Iterator[Path]:
+    """The venv setup.sh makes with the Dockerfile's settings, kept between runs by the key of its inputs
+    (tests/step_venv.py: why, and what a kept venv does not re-prove); locked while the tests use it."""
+    setup_env = {k: v for k, v in dockerfile_env().items() if k.startswith("PDOPS_SETUP")}
+    with step_venv(setup_env) as (venv, done):
+        assert done.returncode == 0, done.stderr[-3000:]
+        yield venv
+
+
+def image_env() -> dict[str, str]:
+    """This process's environment without what would put this checkout or the test venv before the image's
+    own install (PYTHONPATH is set when the tests run from a worktree)."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
 
 def run_step(venv: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = image_env()
     # The image sets no PDOPS_SCHEMA_DIR: the wheel carries the pinned schemas as package data
     # (workflows/data/schemas), and a non-editable install must find them there, with no setting.
     assert "PDOPS_SCHEMA_DIR" not in dockerfile_env()
@@ -84,8 +91,9 @@ def run_step(venv: Path, *args: str) -> subprocess.CompletedProcess:
 def test_the_image_environment_runs_every_step_command(image_venv):
     # the image's own package, not this checkout (non-editable install)
     where = subprocess.run([str(image_venv / "bin" / "python"), "-c", "import workflows; print(workflows.__file__)"],
-                           cwd="/", capture_output=True, text=True)
+                           cwd="/", env=image_env(), capture_output=True, text=True)
     assert str(image_venv) in where.stdout, where
+    assert installed_code_differs(image_venv) == []   # a kept venv runs this checkout's code, not an older one
     nixl = subprocess.run([str(image_venv / "bin" / "python"), "-c", "import nixl"], capture_output=True)
     assert nixl.returncode != 0                      # the steps need no NIXL: the image has none
     rendered = run_step(image_venv, "render", "overlays/prod", "-o", "/dev/null")
@@ -99,8 +107,8 @@ def test_the_image_environment_runs_every_step_command(image_venv):
 
 
 def test_the_image_carries_git_for_the_advice_patch():
-    """Issue 22 item 6: the balance advice's patch is made with git (workflows/pipeline/advise_patch.py); the image installs
-    it from the base image's Debian archive, and nothing else that way."""
+    """Issue 22 item 6: the balance advice's patch is made with git (workflows/pipeline/advise_patch.py); the image
+    installs it from the base image's Debian archive, and nothing else that way."""
     runs = [ln for ln in DOCKERFILE.read_text().replace("\\\n", " ").splitlines() if ln.startswith("RUN ")]
     apt = [r for r in runs if "apt-get install" in r]
     assert len(apt) == 1 and re.search(r"--no-install-recommends\s+git\s+&&", apt[0]), apt
