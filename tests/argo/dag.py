@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from tests.argo.engine import Controller
 
 
-def run_dag(ctl: "Controller", name: str, tmpl: Template, on_exit: bool) -> Node:
+def run_dag(ctl: Controller, name: str, tmpl: Template, on_exit: bool) -> Node:
     from tests.argo.engine import ABSENT, EngineStuck
 
     tasks = {t.name: t for t in tmpl.dag.tasks}
@@ -121,7 +121,7 @@ def _ancestors(task: str, deps: dict[str, list[str]]) -> list[str]:
     return seen
 
 
-def _task_scope(ctl: "Controller", tmpl: Template, task: str, tasks: dict[str, DAGTask],
+def _task_scope(ctl: Controller, tmpl: Template, task: str, tasks: dict[str, DAGTask],
                 deps: dict[str, list[str]], nodes: dict[str, Node]) -> tuple[Scope, dict[str, str]]:
     """(parameters, artifacts): Argo keeps artifacts as structs in the same map, which a simple tag
     cannot substitute into a string; here they are apart."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tests.argo.exprs import ExprError, NotEmulated, eval_expr
 from tests.argo.nodes import Clock, Node, parse_duration
@@ -158,7 +158,6 @@ class Controller:
              exec_deadline: float | None, task: str) -> Node:
         if local:
             tmpl = Template.model_validate(replace(tmpl.model_dump(by_alias=True, exclude_none=True), local))
-        c = tmpl.container
         started = self.clock.now()
         node = Node(name, tmpl.name, "Running", started=started)
         try:

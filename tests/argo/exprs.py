@@ -18,8 +18,9 @@ the YAML fails the tier instead of being evaluated wrongly.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 
 class NotEmulated(Exception):
@@ -64,7 +65,7 @@ def _unquote(s: str) -> str:
 class _Parser:
     """Precedence climbing shared by both languages: || < && < comparison < unary ! < primary."""
 
-    def __init__(self, text: str, atom: Callable[["_Parser"], Any]) -> None:
+    def __init__(self, text: str, atom: Callable[[_Parser], Any]) -> None:
         self.text, self.toks, self.i, self.atom = text, _tokens(text), 0, atom
 
     def peek(self) -> tuple[str, str] | None:

@@ -22,7 +22,7 @@ class Node:
     artifacts: dict[str, Path] = field(default_factory=dict)       # outputs.artifacts (host copies)
     exit_code: str | None = None
     has_outputs: bool = False    # Argo: node.Outputs != nil (skipped nodes have none)
-    attempts: list["Node"] = field(default_factory=list)           # retry children
+    attempts: list[Node] = field(default_factory=list)           # retry children
     log: str = ""
 
     @property

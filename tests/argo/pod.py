@@ -29,9 +29,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 GRACE_S = 2.0  # terminationGracePeriodSeconds is 30 s in a cluster; the steps here stop well within 2 s
 
@@ -82,7 +82,7 @@ def dockerfile_image(dockerfile: Path) -> tuple[dict[str, str], list[str]]:
 
 class PodRunner:
     def __init__(self, root: Path, *, python: str, image_src: Path, kubeconfig: Path | None,
-                 hosts: "dict[str, str] | Callable[[], str]", schema_dir: Path, dockerfile: Path) -> None:
+                 hosts: dict[str, str] | Callable[[], str], schema_dir: Path, dockerfile: Path) -> None:
         """`hosts`: name -> address, or a function giving /etc/hosts lines, called as each pod starts
         (a Service created by an earlier step is resolvable by the next)."""
         self.root = root

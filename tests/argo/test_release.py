@@ -18,6 +18,7 @@ import pytest
 
 from tests.argo.scenario import committed
 
+
 def verdict_series(run, prefix: str = "pd_release"):
     return [(s.labels.get("verdict"), s.labels.get("status"), s.value) for s in run.series(f"{prefix}_verdict_total")]
 

@@ -14,9 +14,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tests.argo.engine import Controller
 from tests.argo.exprs import ExprError, eval_when

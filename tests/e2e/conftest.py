@@ -80,7 +80,7 @@ class LiveTraffic:
                 self.failures.append(f"{time.strftime('%H:%M:%S')} {exc}")
             self._stop.wait(self.every)
 
-    def __enter__(self) -> "LiveTraffic":
+    def __enter__(self) -> LiveTraffic:
         self._thread.start()
         return self
 

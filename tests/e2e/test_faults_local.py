@@ -19,7 +19,15 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.conftest import CANDIDATE, LiveTraffic, changed_overlay, pdops, serve_apps, status, wait_candidate_running
+from tests.e2e.conftest import (
+    CANDIDATE,
+    LiveTraffic,
+    changed_overlay,
+    pdops,
+    serve_apps,
+    status,
+    wait_candidate_running,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.e2e.conftest import STABLE, LiveTraffic, changed_overlay, complete, pdops, status
-
-import pytest
 
 pytestmark = pytest.mark.e2e
 

@@ -43,7 +43,7 @@ class FaultProxy:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}{self.path}"
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True).start()
         if not self._ready.wait(10):
             raise RuntimeError("fault proxy did not start")

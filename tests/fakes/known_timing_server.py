@@ -35,9 +35,9 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Iterator
 
 from tests.fakes.pd_queues import PDQueues
 
@@ -138,7 +138,7 @@ class _Conn(asyncio.Protocol):
     """One keep-alive connection: Content-Length request bodies (what aiohttp and httpx send),
     one request at a time (a pipelined one waits), chunked SSE responses."""
 
-    def __init__(self, srv: "KnownTimingServer"):
+    def __init__(self, srv: KnownTimingServer):
         self.srv = srv
         self.buf = b""
         self.first_byte: float | None = None
@@ -234,7 +234,7 @@ class KnownTimingServer:
         return f"http://{self.host}:{self.port}/v1"
 
     # ---- lifecycle -----------------------------------------------------------------------
-    def start(self, sock: socket.socket | None = None) -> "KnownTimingServer":
+    def start(self, sock: socket.socket | None = None) -> KnownTimingServer:
         """Serve in a background thread on a port of its own (`port`), and also on `sock` when
         given (a SO_REUSEPORT listener shared by several processes)."""
         ready = threading.Event()
@@ -278,7 +278,7 @@ class KnownTimingServer:
         if self._thread:
             self._thread.join(10)
 
-    def __enter__(self) -> "KnownTimingServer":
+    def __enter__(self) -> KnownTimingServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

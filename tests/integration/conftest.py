@@ -18,8 +18,8 @@ def _free_port() -> int:
 def real_vllm(tmp_path_factory) -> Iterator[str]:
     """The local target's single-engine reference server (the golden-token check's), on its own:
     its OpenAI base URL (`http://127.0.0.1:PORT/v1`)."""
-    from workflows.targets.local_stack import ReferenceEngine
     from workflows.spec.tiny_model import build
+    from workflows.targets.local_stack import ReferenceEngine
 
     engine = ReferenceEngine(tmp_path_factory.mktemp("vllm"), _free_port(), str(build("pdops-tiny")), "pdops-tiny",
                              {"enforce_eager": True, "max_model_len": 1024})

@@ -3,17 +3,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import re
 import importlib.util
 import json
+import re
 
 import pytest
 import yaml
 
 from tests.conftest import ROOT, SCHEMAS
-from workflows.argo import definitions as argo
-from workflows.argo import events
-from workflows.argo import rbac
+from workflows.argo import definitions as argo, events, rbac
 
 ARGO_DIR = ROOT / "kustomize" / "argo"
 FILES = ("pd-release.yaml", "pd-canary.yaml", "events.yaml", "rbac.yaml", "kustomization.yaml")

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from tests.conftest import ROOT
-from workflows.cli.main import main
 from validation.yaml_input import MAX_SPEC_BYTES, MAX_YAML_DEPTH, field_path
+from workflows.cli.main import main
 from workflows.spec.tiny_model import NAME
 
 SCALE = int(os.environ.get("PDOPS_FUZZ_SCALE", "1"))

@@ -10,8 +10,8 @@ import pytest
 from tests.fakes.known_timing_server import KnownTimingServer
 from tests.fakes.pd_queues import PDQueues
 from tests.unit.test_release_flow import RecordingTarget, edit, overlay, run  # noqa: F401 - fixture
-from workflows.pipeline import steps
 from workflows.cli.main import main
+from workflows.pipeline import steps
 from workflows.targets.base import Endpoint
 
 

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SCHEMAS
-from workflows.render import cache
-from workflows.render import manifest
+from workflows.checks.run import check_rendered
 from workflows.errors import InputError
+from workflows.render import cache, manifest
 from workflows.render.serve_config import build_serve_config, validate_with_ray
 from workflows.spec.release import load_spec
-from workflows.checks.run import check_rendered
 
 
 @pytest.fixture

@@ -3,24 +3,21 @@ spec loads, and validate_candidate's gate blocks on an unexpected divergence (fa
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import local_overlay
 from tests.fakes.diff_fake import DiffFake, Plant
-from workflows.pipeline import steps
 from workflows.errors import InputError
+from workflows.pipeline import steps
 from workflows.spec.release import load_spec
 from workflows.targets.base import Endpoint
 
 
 @pytest.fixture
 def overlay(tmp_path):
-    shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
-    shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")
-    path = tmp_path / "overlays" / "local"
+    path = local_overlay(tmp_path)
     (path / "team.jsonl").write_text(json.dumps({"name": "batch", "prompt": ["a b", "c d"], "max_tokens": 4,
                                                  "temperature": 0, "return_token_ids": True}) + "\n")
     _edit(path, scenarios=["team.jsonl"], known_divergences=None, diff=True, load=[{"profile": "balanced", "concurrency": 1, "requests": 2,

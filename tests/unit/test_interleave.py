@@ -17,11 +17,16 @@ from contextlib import contextmanager
 import pytest
 
 from tests.fakes.known_timing_server import KnownTimingServer
-from tests.unit.test_release_flow import RecordingTarget, edit, endpoint, overlay, server  # noqa: F401
+from tests.unit import test_release_flow
+from tests.unit.test_release_flow import RecordingTarget, edit, endpoint
 from validation import interleave
 from validation.metrics import summary
 from workflows.pipeline import steps
 from workflows.targets.base import Baseline, Skipped, SlotStatus, TargetStatus
+
+# test_release_flow's fixtures, as names of this module (pytest collects fixtures by name; imported, the test
+# functions' arguments shadowed them: ruff F811)
+overlay, server = test_release_flow.overlay, test_release_flow.server
 
 
 def test_order_is_seeded_reproducible_and_balanced():

@@ -1,7 +1,7 @@
 """vs_stable's baseline on the Kubernetes target (workflows/targets/kube/baseline.py), on the test
 cluster (tests/fakes/kube: API server semantics, a fake KubeRay whose Serve applications are OpenAI
 fakes with per-pod Ray metrics agents, Services forwarding to ready endpoints; cluster DNS emulated
-by the `dns` fixture of test_kube_reference).
+by the `dns` fixture of tests/unit/conftest.py).
 
 What is pinned: the baseline is the stable render at its own size in the colour `baseline` (so the
 user-facing Service, which selects a blue/green colour, never routes to it); validation loads it
@@ -11,14 +11,11 @@ removed by rollback and by the next run, idempotently.
 """
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import yaml
 
-from tests.conftest import ROOT
-from tests.kube_support import LOCAL_NS, Lines, cluster, live, manifests, record as _record, release, target as _target  # noqa: F401
-from tests.unit.test_kube_reference import dns  # noqa: F401
+from tests.conftest import local_overlay
+from tests.kube_support import LOCAL_NS, Lines, live, record as _record, release, target as _target
 from workflows.pipeline import steps
 from workflows.spec.release import load_spec
 from workflows.targets.base import Baseline, Skipped
@@ -29,16 +26,12 @@ BASE = "pd-llm-baseline"
 @pytest.fixture
 def overlay(tmp_path):
     """overlays/local with vs_stable measured live in 2 block pairs; no reference (not under test here)."""
-    shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
-    shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")
-    path = tmp_path / "overlays" / "local"
-    spec = yaml.safe_load((path / "release.yaml").read_text())
-    spec["slo"].update(kv_transfer="ignored", vs_stable={"ttft_p90": 5.0, "blocks": 2})
-    spec["validation"].update(diff=False, reference="none", scenarios=[], known_divergences=None,
-                              load=[{"profile": "balanced", "concurrency": 1, "requests": 4, "warmup_requests": 1,
-                                     "ramp_s": 0.0}])
-    (path / "release.yaml").write_text(yaml.safe_dump(spec))
-    return path
+    def edit(spec):
+        spec["slo"].update(kv_transfer="ignored", vs_stable={"ttft_p90": 5.0, "blocks": 2})
+        spec["validation"].update(diff=False, reference="none", scenarios=[], known_divergences=None,
+                                  load=[{"profile": "balanced", "concurrency": 1, "requests": 4, "warmup_requests": 1,
+                                         "ramp_s": 0.0}])
+    return local_overlay(tmp_path, edit)
 
 
 @pytest.fixture

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.kube_support import Lines, cluster, manifests  # noqa: F401
-from tests.kube_support import record as _record
-from tests.kube_support import target as _target
-from tests.unit.test_kube_reference import dns, overlay  # noqa: F401
+from tests.kube_support import Lines, record as _record, target as _target
+from tests.unit import test_kube_reference
 from workflows.pipeline import steps
 from workflows.render.manifest import render
 from workflows.spec.release import load_spec
 from workflows.targets.base import TargetError
+
+overlay = test_kube_reference.overlay   # its fixture, as a name of this module (imported, the arguments shadowed it: F811)
 
 
 def _tight(path):

@@ -32,7 +32,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.fakes.kube import start_cluster
 from tests.fakes.kube.server import FAULT_KINDS, WriteFault
-from tests.kube_support import LOCAL_NS, manifests, record, release, target  # noqa: F401
+from tests.kube_support import LOCAL_NS, record, release, target  # noqa: F401
 from tests.unit.test_local_target import _canary_decision
 from validation.reports.release import ReportFiles
 from workflows.cli.main import main

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from tests.kube_support import DEV_NS, Lines, cluster, eventually, gpu_nodes, live, manifests, node, record, release, system_node, target  # noqa: F401
+from tests.kube_support import DEV_NS, Lines, eventually, gpu_nodes, live, node, record, release, system_node, target
 from workflows.targets.base import TargetError
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.kube_support import LOCAL_NS, Lines, cluster, eventually, history, live, manifests, record, release, target  # noqa: F401
+from tests.kube_support import LOCAL_NS, Lines, eventually, history, live, record, release, target
 from validation import profiles
 from validation.bench import BenchConfig, run_bench
 from workflows.targets.base import TargetError

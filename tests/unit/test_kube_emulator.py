@@ -14,7 +14,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.conftest import ROOT
-from tests.fakes.kube import kube_cluster  # noqa: F401 - fixture
 from workflows.render.manifest import render
 
 NS = "pdops-local"

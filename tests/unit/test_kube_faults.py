@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from tests.kube_support import LOCAL_NS, Lines, cluster, eventually, history, live, manifests, record, release, selector, target  # noqa: F401
+from tests.kube_support import LOCAL_NS, Lines, eventually, history, live, record, release, selector, target
 from workflows.pipeline.steps import replaced_engines
 from workflows.targets.base import TargetError
 

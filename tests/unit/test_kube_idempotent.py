@@ -33,7 +33,7 @@ import pytest
 from tests.fakes.kube import start_cluster
 from tests.fakes.kube.server import FAULT_KINDS, WriteFault
 from tests.fakes.kube.store import BY_KIND
-from tests.kube_support import LOCAL_NS, Lines, manifests, record, release, target  # noqa: F401
+from tests.kube_support import LOCAL_NS, Lines, record, release, target
 from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION
 from workflows.targets.base import TargetError
 from workflows.targets.kube.readiness import rayservice_state

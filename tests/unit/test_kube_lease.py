@@ -8,7 +8,7 @@ import time
 import pytest
 from kubernetes import client
 
-from tests.kube_support import LOCAL_NS, Lines, cluster, eventually, manifests, record, target  # noqa: F401
+from tests.kube_support import LOCAL_NS, Lines, eventually, record, target
 from workflows.targets.base import TargetError
 
 LEASE = "pdops-release"

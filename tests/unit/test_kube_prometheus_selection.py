@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.kube_support import LOCAL_NS, Lines, cluster, live, manifests, record, target  # noqa: F401
-from workflows.render.manifest import dump_manifest, render
+from tests.kube_support import LOCAL_NS, Lines, live, record, target
 from workflows.names import COLOUR_LABEL, PHASE_LABEL
+from workflows.render.manifest import dump_manifest, render
 from workflows.targets.base import ReleaseRecord
 from workflows.targets.kube.objects import release_objects
 from workflows.targets.kube.traffic import prom_label

@@ -13,20 +13,16 @@ a real cluster shows: real Ray Serve LLM start-up of build_openai_app, model loa
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT, SCHEMAS
+from tests.conftest import SCHEMAS, local_overlay
 from tests.fakes.diff_fake import DiffFake, Plant
-from tests.kube_support import LOCAL_NS, Lines, cluster, eventually, live, manifests  # noqa: F401
-from tests.kube_support import record as _record
-from tests.kube_support import target as _target
-from workflows.pipeline import steps
+from tests.kube_support import LOCAL_NS, Lines, eventually, live, record as _record, target as _target
 from workflows.checks.schema import validate_objects
+from workflows.pipeline import steps
 from workflows.render.manifest import render
 from workflows.spec.release import load_spec
 
@@ -34,33 +30,13 @@ REF = "pd-llm-reference"
 
 
 @pytest.fixture
-def dns(cluster, monkeypatch):
-    """`<svc>.<ns>.svc.cluster.local` resolves to the Service's clusterIP, as cluster DNS does."""
-    real = socket.getaddrinfo
-
-    def resolve(host, port, *args, **kwargs):
-        if isinstance(host, str) and host.endswith(".svc.cluster.local"):
-            name, ns = host.split(".")[:2]
-            svc = cluster.objects("services", ns).get(name)
-            host = svc["spec"]["clusterIP"] if svc else host
-        return real(host, port, *args, **kwargs)
-    monkeypatch.setattr(socket, "getaddrinfo", resolve)
-    cluster.kuberay.engine = {"server": DiffFake}
-    return cluster
-
-
-@pytest.fixture
 def overlay(tmp_path):
     """overlays/local with the diff on and one small load (the checks under test are golden and diff)."""
-    shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
-    shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")
-    path = tmp_path / "overlays" / "local"
-    spec = yaml.safe_load((path / "release.yaml").read_text())
-    spec["slo"]["kv_transfer"] = "ignored"
-    spec["validation"].update(diff=True, scenarios=[], known_divergences=None,  # both tuned to the real stack
-                              load=[{"profile": "balanced", "concurrency": 1, "requests": 2, "warmup_requests": 0}])
-    (path / "release.yaml").write_text(yaml.safe_dump(spec))
-    return path
+    def edit(spec):
+        spec["slo"]["kv_transfer"] = "ignored"
+        spec["validation"].update(diff=True, scenarios=[], known_divergences=None,  # both tuned to the real stack
+                                  load=[{"profile": "balanced", "concurrency": 1, "requests": 2, "warmup_requests": 0}])
+    return local_overlay(tmp_path, edit)
 
 
 def _candidate(cluster, manifests):

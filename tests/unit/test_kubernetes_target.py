@@ -13,9 +13,18 @@ import yaml
 from kubernetes import client
 
 from tests.conftest import SCHEMAS
-from tests.kube_support import DEV_NS, LOCAL_NS, Lines, cluster, gpu_nodes, live, manifests  # noqa: F401
-from tests.kube_support import eventually as _eventually, history as _history, record as _record
-from tests.kube_support import release as _release, target as _target
+from tests.kube_support import (
+    DEV_NS,
+    LOCAL_NS,
+    Lines,
+    eventually as _eventually,
+    gpu_nodes,
+    history as _history,
+    live,
+    record as _record,
+    release as _release,
+    target as _target,
+)
 from workflows.checks.schema import validate_objects
 from workflows.targets.base import TargetError
 

@@ -192,7 +192,8 @@ def test_rollback_restores_stable_lost_with_ray(target):
     target.ray.stop(say)                        # Ray gone: nothing serves
     assert target.status().stable.state == "absent"
     message = target.rollback(["restore"], None, say)
-    assert target.ray.apps["pd-llm-blue"]["route_prefix"] == "/" and target.ray.apps["pd-llm-blue"]["status"] == "RUNNING"
+    blue = target.ray.apps["pd-llm-blue"]
+    assert blue["route_prefix"] == "/" and blue["status"] == "RUNNING"
     assert "stable serving again" in message
 
 

@@ -10,18 +10,17 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import local_overlay
 from tests.fakes.fault_proxy import FaultProxy
 from tests.fakes.known_timing_server import KnownTimingServer
-from workflows.pipeline import steps
 from workflows.errors import InputError
+from workflows.pipeline import steps
 from workflows.targets.base import Endpoint, SlotStatus, TargetError, TargetStatus
 
 
@@ -86,15 +85,11 @@ def server():
 @pytest.fixture
 def overlay(tmp_path):
     """overlays/local with light validation that the fake can serve (it moves no KV, so KV is ignored)."""
-    shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
-    shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")
-    path = tmp_path / "overlays" / "local"
-    spec = yaml.safe_load((path / "release.yaml").read_text())
-    spec["slo"]["kv_transfer"] = "ignored"
-    spec["slo"].pop("vs_stable", None)   # the tests that compare with a baseline set it themselves
-    spec["validation"]["load"] = [{"profile": "balanced", "concurrency": 2, "requests": 4, "warmup_requests": 0}]
-    (path / "release.yaml").write_text(yaml.safe_dump(spec))
-    return path
+    def edit(spec):
+        spec["slo"]["kv_transfer"] = "ignored"
+        spec["slo"].pop("vs_stable", None)   # the tests that compare with a baseline set it themselves
+        spec["validation"]["load"] = [{"profile": "balanced", "concurrency": 2, "requests": 4, "warmup_requests": 0}]
+    return local_overlay(tmp_path, edit)
 
 
 def edit(overlay, **changes):

@@ -12,12 +12,15 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.fakes.known_timing_server import KnownTimingServer
-from tests.unit.test_release_flow import RecordingTarget, overlay, run  # noqa: F401 - fixture
-from workflows.spec import tiny_model
-from workflows.render.manifest import render
+from tests.unit import test_release_flow
+from tests.unit.test_release_flow import RecordingTarget, run
 from workflows.pipeline.steps import record_of
+from workflows.render.manifest import render
+from workflows.spec import tiny_model
 from workflows.targets.base import Endpoint
 from workflows.targets.local import served_tokenizer
+
+overlay = test_release_flow.overlay   # its fixture, as a name of this module (imported, the arguments shadowed it: F811)
 
 
 @pytest.fixture(scope="module")

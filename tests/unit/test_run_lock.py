@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tests.kube_support import LOCAL_NS, Lines, cluster, manifests, record, release, target  # noqa: F401
+from tests.kube_support import LOCAL_NS, Lines, record, release, target
 from workflows.cli.main import main
 from workflows.names import LOCK_NAME
 from workflows.targets.base import TargetError

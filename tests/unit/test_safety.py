@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from pathlib import Path
 
 import pytest
 import yaml

@@ -11,10 +11,10 @@ from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles
 from validation.bench import BenchConfig, run_bench
 from validation.config import SLO, VsStable
-from workflows.pipeline.pricing import bench_cost
 from validation.gate import decide
 from workflows.cli.main import main
 from workflows.errors import InputError
+from workflows.pipeline.pricing import bench_cost
 from workflows.render.sizing import resolve
 from workflows.spec.release import parse_spec
 

@@ -7,12 +7,11 @@ known-timing fake, which honours max_tokens and counts prompt words as tokens).
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import local_overlay
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles, traces
 from validation.bench import BenchConfig, run_bench
@@ -85,9 +84,7 @@ def test_replay_sends_each_request_at_its_arrival_with_its_lengths():
 
 @pytest.fixture
 def overlay(tmp_path):
-    shutil.copytree(ROOT / "kustomize", tmp_path / "kustomize")
-    shutil.copytree(ROOT / "overlays" / "local", tmp_path / "overlays" / "local")
-    return tmp_path / "overlays" / "local"
+    return local_overlay(tmp_path)
 
 
 def set_load(overlay, load):

@@ -7,7 +7,7 @@ import pytest
 
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import metrics
-from validation.loadgen import LoadSpec, parse_record, RawRecord, run
+from validation.loadgen import LoadSpec, RawRecord, parse_record, run
 
 TOL_MS = 15.0
 
@@ -30,7 +30,7 @@ def server():
 def _truth_errors(server, res):
     """Per request: client timestamp minus the server's own write timestamp (same process, same
     perf_counter clock), so the harness's error is measured independently of scheduler jitter."""
-    ttft_err, itl_diff, itl_client, itl_server = [], [], [], []
+    ttft_err, itl_client, itl_server = [], [], []
     t0 = res["t0"]
     for r in res["records"]:
         t = server.timings[r["response_id"]]
@@ -152,6 +152,7 @@ def test_workers_split_and_merge(server):
 def test_raw_client_deframes_responses_split_anywhere():
     import asyncio
     from types import SimpleNamespace
+
     from validation.loadgen import _Conn
     events = [b'data: {"a": 1}\n\n', b"data: " + b"x" * 300 + b"\n\n", b"data: [DONE]\n\n"]
     chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from tests.fakes.known_timing_server import KnownTimingServer
 from validation import profiles, report
 from validation.cli import main, register
-from validation.release_inputs import ReleaseInputs
 from validation.config import SLO, PrefillSLO, Validation
 from validation.errors import InputError
 from validation.gate import decide
+from validation.release_inputs import ReleaseInputs
 
 
 def _bench(c, ttft):

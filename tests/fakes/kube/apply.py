@@ -17,7 +17,7 @@ does not show.
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 Path = tuple[str, ...]
@@ -73,7 +73,7 @@ def _entries(meta: dict) -> list[dict[str, Any]]:
 
 
 def _store(meta: dict, entries: list[dict[str, Any]]) -> None:
-    time = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    time = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     out = []
     for e in entries:
         if not e["paths"]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-
 from typing import Any
 
 from tests.fakes.known_timing_server import BUCKETS, KnownTimingServer

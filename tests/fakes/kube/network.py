@@ -16,7 +16,8 @@ import asyncio
 import itertools
 import random
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tests.fakes.kube.store import BY_KIND, Key, Store
 

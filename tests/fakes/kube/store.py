@@ -23,9 +23,10 @@ import copy
 import re
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from tests.fakes.kube import apply as ssa
 
@@ -90,7 +91,7 @@ MODIFIED = "the object has been modified; please apply your changes to the lates
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 Key = tuple[Resource, str, str]  # (resource, namespace or "", name)
@@ -125,7 +126,7 @@ class Store:
         with self.lock:
             items = [copy.deepcopy(o) for (r, n, _), o in sorted(self.objects.items(), key=lambda kv: kv[0][1:])
                      if r == res and (ns is None or n == ns)
-                     and labels((o["metadata"].get("labels") or {})) and fields(o)]
+                     and labels(o["metadata"].get("labels") or {}) and fields(o)]
             return items, self.revision
 
     # ---- writes ----

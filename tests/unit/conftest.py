@@ -1,0 +1,30 @@
+"""Fixtures several unit test modules take: the test cluster (tests/kube_support.py, tests/fakes/kube) and its
+cluster DNS. Here, pytest gives them to every module below; imported into each module, they were names the
+test functions' arguments shadowed (ruff F811)."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.fakes.diff_fake import DiffFake
+
+# fixtures, for every module below (pytest finds them by name here)
+from tests.fakes.kube import kube_cluster  # noqa: F401
+from tests.kube_support import cluster, manifests  # noqa: F401
+
+
+@pytest.fixture
+def dns(cluster, monkeypatch):  # noqa: F811
+    """`<svc>.<ns>.svc.cluster.local` resolves to the Service's clusterIP, as cluster DNS does."""
+    real = socket.getaddrinfo
+
+    def resolve(host, port, *args, **kwargs):
+        if isinstance(host, str) and host.endswith(".svc.cluster.local"):
+            name, ns = host.split(".")[:2]
+            svc = cluster.objects("services", ns).get(name)
+            host = svc["spec"]["clusterIP"] if svc else host
+        return real(host, port, *args, **kwargs)
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    cluster.kuberay.engine = {"server": DiffFake}
+    return cluster
