@@ -82,15 +82,20 @@ def _lease(cluster, action: str, run_id: str) -> None:
                  "--kubeconfig", str(cluster.kubeconfig)]) == 0
 
 
-def _scenario(manifests, fault: WriteFault | None, tmp_path, monkeypatch) -> tuple[dict, list[str], list[int]]:
-    """A promoted release, then the three canary runs (a failed try retried once, the fault cleared).
-    Returns canary.json at the end, the Watch's problems and every try's exit code."""
+def _stub_validation(monkeypatch, ttft_ms) -> None:
+    """The measurement is the only stub: `pdops validate --slot stable` gets a decision with TTFT `ttft_ms()`."""
     def validate_slot(target, spec, run, progress, **kwargs):
-        n = RUNS.index(os.environ["PDOPS_RUN_ID"])    # figures differ run to run: the sums show a double count
-        return steps.Validation(decision=_canary_decision(300.0 + 7 * n),
+        return steps.Validation(decision=_canary_decision(ttft_ms()),
                                 report=ReportFiles(json=str(run / "report.json"), markdown=str(run / "report.md")),
                                 benches=[], release="pd-llm")
     monkeypatch.setattr(steps, "validate_slot", validate_slot)
+
+
+def _scenario(manifests, fault: WriteFault | None, tmp_path, monkeypatch) -> tuple[dict, list[str], list[int]]:
+    """A promoted release, then the three canary runs (a failed try retried once, the fault cleared).
+    Returns canary.json at the end, the Watch's problems and every try's exit code."""
+    # figures differ run to run: the sums show a double count
+    _stub_validation(monkeypatch, lambda: 300.0 + 7 * RUNS.index(os.environ["PDOPS_RUN_ID"]))
     cluster = start_cluster(kubeconfig=tmp_path / "kubeconfig")
     try:
         release(target(cluster), record(manifests))
@@ -170,11 +175,7 @@ def test_a_writer_storing_between_the_steps_read_and_write_keeps_its_entry_after
     from validation import canary
 
     other, mine = "pd-canary-elsewhere", RUNS[0]
-    def validate_slot(target, spec, run, progress, **kwargs):
-        return steps.Validation(decision=_canary_decision(300.0),
-                                report=ReportFiles(json=str(run / "report.json"), markdown=str(run / "report.md")),
-                                benches=[], release="pd-llm")
-    monkeypatch.setattr(steps, "validate_slot", validate_slot)
+    _stub_validation(monkeypatch, lambda: 300.0)
     cluster = start_cluster(kubeconfig=tmp_path / "kubeconfig")
     try:
         release(target(cluster), record(manifests))
