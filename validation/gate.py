@@ -320,15 +320,8 @@ def _vs_pair(out: _Checks, b: BenchReport, s: BenchReport, i: int, lab: str, slo
         if metric == "tpot_ms" or (metric == "itl_ms" and chunk):
             untimed = [f"{side}: {why}" for side, r in (("candidate", b), ("baseline", s))
                        if (why := judge.tpot_coverage(r))]
-            if untimed:
-                qn = f"p{stats.q_name(q)}"
-                cv, sv = _q(b.tpot_ms, qn), _q(s.tpot_ms, qn)
-                if cv is None or not sv:
-                    out.add(f"vs_stable_{name}", False, f"{lab}: {name} not compared (candidate TPOT {qn} {cv}, "
-                            f"baseline {sv}): " + "; ".join(untimed), lab, None, factor)
-                    continue
-                _untimed(out, f"vs_stable_{name}", lab, f"{name}: TPOT {qn} {cv:.1f} ms is {cv / sv:.2f}x the "
-                         f"baseline's {sv:.1f} ms (limit {factor}x)", cv / sv, factor, "; ".join(untimed))
+            if untimed:   # no interval: the reports' own TPOT quantiles, as for a side without samples
+                _vs_point(out, b, s, lab, name, "tpot_ms", q, factor, "; ".join(untimed))
                 continue
         cs, ss = judge.request_values(b, metric, chunk), judge.request_values(s, metric, chunk)
         if isinstance(cs, str) or isinstance(ss, str):

@@ -46,19 +46,9 @@ def output_tokens(rec: dict) -> int | None:
     return ct if isinstance(ct, int) else None
 
 
-# Why a successful request has no TPOT (BenchReport.tpot_unmeasured counts them by reason):
-TPOT_UNMEASURED = {
-    "one_token": "the answer had one token: no decode gap to time",
-    "no_usage": "the answer carried no usage, so no count of output tokens",
-    "one_read": "every content event arrived in the read that carried the first one (a stream the "
-                "client received all at once, after its own stall or the server's batching)",
-    "decode_not_timed": "fewer than half of the content events after the first arrived in later reads: "
-                        "the client saw too little of decode to time it",
-}
-
-
 def decode_timing(rec: dict, ntok: int | None) -> str | None:
-    """Why this request's TPOT cannot be measured at the client, or None when it can.
+    """Why this request's TPOT cannot be measured at the client (BenchReport.tpot_unmeasured counts the
+    reasons: one_token, no_usage, one_read, decode_not_timed), or None when it can.
 
     TPOT is (e2e - TTFT) / (tokens - 1): it times decode only when the client saw decode happen, i.e.
     when the content events after the first arrived spread over later socket reads. The real local A/A
@@ -150,7 +140,7 @@ def compute(records: list[dict], wall_s: float, goodput_ttft_ms: float | None = 
         "ttft_ms": summary(p["ttft"] for p in pr),
         "itl_ms": summary(itl),
         "tpot_ms": summary(p["tpot"] for p in pr),
-        # successful requests without a TPOT, by reason (TPOT_UNMEASURED): the gate refuses to judge TPOT
+        # successful requests without a TPOT, by reason (decode_timing): the gate refuses to judge TPOT
         # on a side that timed too few of its multi-token requests (validation/gate.py tpot_coverage)
         "tpot_unmeasured": dict(sorted(collections.Counter(
             p["tpot_unmeasured"] for p in pr if p["tpot_unmeasured"] is not None).items())),

@@ -197,7 +197,7 @@ class BenchReport(ReportModel):
     output_tokens: Quantiles | None = None
     input_tokens: Quantiles | None = None
     requests_missing_usage: int | None = None
-    # successful requests without a TPOT sample, by reason (validation/metrics.py TPOT_UNMEASURED): one_token,
+    # successful requests without a TPOT sample, by reason (validation/metrics.py decode_timing): one_token,
     # no_usage, one_read, decode_not_timed. None: a report from before the count (the gate then takes every
     # request as multi-token, validation/gate.py tpot_coverage)
     tpot_unmeasured: dict[str, int] | None = None
