@@ -34,7 +34,9 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_terminal_summary(terminalreporter):
     if _TIER["tests"]:
-        terminalreporter.write_line(f"argo execution tier: {_TIER['tests']} tests in {_TIER['seconds']:.1f} s")
+        from tests.measure_lock import WAITED
+        terminalreporter.write_line(f"argo execution tier: {_TIER['tests']} tests in {_TIER['seconds']:.1f} s "
+                                    f"({WAITED['seconds']:.0f} s of it waiting for the measuring lock)")
 
 
 def revision_under_test() -> str:

@@ -21,6 +21,7 @@ from tests.conftest import ROOT
 from tests.fakes.known_timing_server import Broken
 from tests.fakes.kube import start_cluster
 from tests.fakes.kube.engine import EngineApp
+from tests.measure_lock import measuring
 from workflows.render.manifest import dump_manifest, render
 from workflows.targets.base import ReleaseRecord
 from workflows.targets.kubernetes import KubernetesTarget
@@ -142,9 +143,12 @@ class PipelineCluster:
     # ---- runs ----
 
     def submit(self, file: str, parameters: dict[str, str], **kw) -> Run:
+        """Run the committed workflow to its end. Holds the machine's measuring lock (tests/measure_lock.py):
+        the run's validation gates on client health, which another tier measuring beside it would void."""
         params = {"environment": ENV, "revision": self.revision, **parameters}
-        return run_workflow(committed(file), self.runner, work=self.work, parameters=params,
-                            generate_name=file.removesuffix(".yaml") + "-", repos={REPO_URL: ROOT}, **kw)
+        with measuring(f"{file} in {self.work.parent.name}"):
+            return run_workflow(committed(file), self.runner, work=self.work, parameters=params,
+                                generate_name=file.removesuffix(".yaml") + "-", repos={REPO_URL: ROOT}, **kw)
 
     def close(self) -> None:
         if not self._closed:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.measure_lock import measuring
 
 PORT = 9400          # the stack's port base: stable at http://127.0.0.1:9400/v1
 STABLE = f"http://127.0.0.1:{PORT}/v1"
@@ -116,11 +117,14 @@ def changed_overlay(tmp_path: Path, max_num_seqs: int, **spec_changes) -> Path:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
-    """Environment of every pdops call of the tier; `pdops down` (and a check that Ray is gone) at the end."""
+    """Environment of every pdops call of the tier; `pdops down` (and a check that Ray is gone) at the end.
+    The session holds the machine's measuring lock (tests/measure_lock.py): its releases gate on the
+    client's health, and so do the Argo tier's runs, which take turns with it."""
     home = tmp_path_factory.mktemp("pdops-home")
     env = {**os.environ, "PDOPS_HOME": str(home), "PDOPS_LOCAL_PORT": str(PORT)}
-    yield env
-    pdops(env, "down")
+    with measuring("the e2e tier's real stack"):
+        yield env
+        pdops(env, "down")
     assert not (home / "local" / "ray.pid").exists(), "pdops down left the Ray pid file behind"
 
 
