@@ -31,6 +31,17 @@ FIELD_MANAGER = "pdops"                        # server-side apply field manager
 LOCK_NAME = "pdops-release"                    # the Lease that keeps two releases of one namespace apart
 RUN_ENV = "PDOPS_RUN_ID"                         # an Argo run's id (workflow name): its steps hold the run's Lease
 RUN_LEASE_S = 600      # a run's Lease outlives the gaps between its steps (pod start, retry backoff <= 120 s)
+RUN_LEASE_ENV = "PDOPS_RUN_LEASE_S"   # unset in the step image and the committed workflows
+
+
+def run_lease_s() -> float:
+    """A run's Lease duration (its steps renew it every quarter of it; a dead run's is taken over once
+    unchanged for it): RUN_LEASE_S, or $PDOPS_RUN_LEASE_S where a test scales time (the Argo tier's
+    tests/argo/test_run_lock.py runs the committed pd-release with 30 s)."""
+    import os
+
+    raw = os.environ.get(RUN_LEASE_ENV, "").strip()
+    return float(raw) if raw else float(RUN_LEASE_S)
 
 # Validation's API key comes from this Secret (optional) into this variable, never a parameter.
 API_KEY_ENV = "PDOPS_API_KEY"

@@ -40,10 +40,14 @@ class Controller:
     def __init__(self, spec: WorkflowSpec, wf_name: str, runner: PodRunner, *, clock: Clock, work: Path,
                  repos: dict[str, Path], secrets: dict[str, dict[str, str]],
                  kill_after: dict[str, float | Callable[[], bool]] | None = None,
-                 on_node: Callable[[Node], None] | None = None) -> None:
+                 on_node: Callable[[Node], None] | None = None, pod_env: dict[str, str] | None = None) -> None:
+        """`pod_env`: added to every pod's environment before the template's own (a test's time scale)."""
         self.spec, self.wf_name, self.runner, self.clock, self.work = spec, wf_name, runner, clock, work
         self.repos, self.secrets, self.kill_after = repos, secrets, kill_after or {}
-        self.on_node = on_node
+        self.on_node, self.pod_env = on_node, pod_env or {}
+        # The Workflow object was deleted (`kubectl delete workflow`, `argo delete`): its pods, owned by
+        # it, are garbage-collected and nothing more is scheduled, the exit handler included.
+        self.deleted = threading.Event()
         self.globals: dict[str, str] = {}
         self.nodes: dict[str, Node] = {}
         self.wf_deadline: float | None = None
@@ -166,20 +170,20 @@ class Controller:
             return _done(node, "Error", str(exc), self.clock.now())
         if pod.deadline_s is not None and pod.deadline_s <= 0:
             return _done(node, "Failed", "Step exceeded its deadline", self.clock.now())
+        if self.deleted.is_set():
+            return _done(node, "Failed", "pod deleted: the workflow was deleted", self.clock.now())
         kill = threading.Event()
-        timer = None
         when = self.kill_after.get(task)
-        if callable(when):   # killed once the cluster shows a state (e.g. the step has started something)
-            timer = threading.Thread(target=_kill_when, args=(when, kill), daemon=True)
-            timer.start()
-        elif when is not None:
-            timer = threading.Timer(when, kill.set)
+        cond = when if callable(when) else (lambda: False)
+        # killed once the cluster shows a state (e.g. the step has started something), or the workflow is deleted
+        threading.Thread(target=_kill_when, args=(lambda: self.deleted.is_set() or cond(), kill), daemon=True).start()
+        timer = threading.Timer(when, kill.set) if isinstance(when, int | float) else None
+        if timer is not None:
             timer.start()
         result = self.runner.run(pod, kill)
-        if isinstance(timer, threading.Timer):
+        if timer is not None:
             timer.cancel()
-        elif timer is not None:
-            kill.set()   # the pod ended first: stop watching
+        kill.set()   # the pod ended: stop watching
         node = _done(node, result.phase, result.message, self.clock.now())
         node.params, node.artifacts, node.log, node.has_outputs = result.params, result.artifacts, result.log, True
         node.exit_code = str(result.exit_code) if result.exit_code is not None else None
@@ -206,7 +210,7 @@ class Controller:
             if src is None:
                 continue
             inputs[a.path] = src
-        env: dict[str, str] = {}
+        env: dict[str, str] = dict(self.pod_env)
         for e in c.env:
             if e.valueFrom is None:
                 env[e.name] = e.value or ""

@@ -10,7 +10,9 @@ What a pod is here (as root, in a private mount namespace: `unshare -m`):
 - the image is the Dockerfile's ENV and ENTRYPOINT with the pdops code of the image's revision on
   PYTHONPATH (a `git archive` of it outside the pod's view), run by the test venv's Python; `pdops`
   and `kubectl` are on PATH; KUBECONFIG points at the emulated API server and stands in for the
-  pod's ServiceAccount token (no RBAC is enforced);
+  pod's ServiceAccount token (no RBAC is enforced): a kubeconfig of the pod's own whose token is
+  `pod:<pod name>`, as a bound token names its pod to the API server, whose write log
+  (tests/fakes/kube/server.py) so says which pod, and which workflow, wrote what;
 - deadlines: the process group gets SIGTERM at the step's deadline and SIGKILL after GRACE_S (the
   kubelet's activeDeadlineSeconds, or the executor's ARGO_DEADLINE monitor, executor.go
   `monitorDeadline`); a fault can kill it too (as an OOM kill or node loss would);
@@ -32,6 +34,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 GRACE_S = 2.0  # terminationGracePeriodSeconds is 30 s in a cluster; the steps here stop well within 2 s
 
@@ -126,12 +130,12 @@ class PodRunner:
         d.mkdir(parents=True)
         return d
 
-    def env(self, pod: PodSpec) -> dict[str, str]:
+    def env(self, pod: PodSpec, kubeconfig: Path | None = None) -> dict[str, str]:
         env = {"HOSTNAME": pod.name[:63], **self.image_env}
         env["PATH"] = f"{self.bin}:{env['PATH']}"  # `pdops` and `kubectl` of the image, standing in for its venv
         env["PYTHONPATH"] = str(self.image_src)  # the pdops installed in the image (its revision)
         if self.kubeconfig is not None:
-            env["KUBECONFIG"] = str(self.kubeconfig)  # stands in for the ServiceAccount token
+            env["KUBECONFIG"] = str(kubeconfig or self.kubeconfig)  # stands in for the ServiceAccount token
         env.update(pod.env)
         return env
 
@@ -158,10 +162,11 @@ class PodRunner:
         script.append(f'cd {shlex.quote(pod.working_dir or "/")}')
         script.append('exec "$@"')
         log_path = d / "log"
+        env = self.env(pod, _pod_kubeconfig(self.kubeconfig, pod.name, d))
         started = time.monotonic()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(["unshare", "-m", "sh", "-c", "\n".join(script), "pod", *pod.command],
-                                    env=self.env(pod), stdout=log, stderr=subprocess.STDOUT,
+                                    env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             threading.Thread(target=self._refresh_hosts, args=(d, proc), daemon=True).start()
             killed = _watch(proc, pod.deadline_s, kill)
@@ -204,6 +209,19 @@ class PodRunner:
             result.artifacts[name] = dest
         if errors and result.phase == "Succeeded":  # inferFailedReason: main first, then wait
             result.phase, result.message = "Error", "wait: Error (exit code 1): " + "; ".join(errors)
+
+
+def _pod_kubeconfig(kubeconfig: Path | None, pod: str, d: Path) -> Path | None:
+    """The cluster's kubeconfig with the pod's own token (`pod:<name>`): the projected ServiceAccount
+    token the kubelet mounts is bound to its pod, and the API server knows the pod by it."""
+    if kubeconfig is None or not kubeconfig.is_file():
+        return kubeconfig
+    config = yaml.safe_load(kubeconfig.read_text())
+    for user in config.get("users") or []:
+        user.setdefault("user", {})["token"] = f"pod:{pod}"
+    path = d / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def _covering(path: str, mounts: dict[str, Path]) -> str | None:

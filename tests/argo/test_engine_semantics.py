@@ -277,6 +277,42 @@ def test_workflow_mutex_serialises_runs_of_the_same_name(run):
     assert second.seconds >= first.seconds + 0.9   # it waited for the other run's whole duration
 
 
+def test_workflow_mutex_is_per_controller(run):
+    """A mutex (no `database: true`) lives in the memory of the controller that runs the workflow
+    (workflow/sync/sync_manager.go Manager.initializeMutex -> newInternalMutex): two controllers run
+    two workflows of one mutex name at the same time."""
+    import threading
+
+    s = spec(step("s", "sleep 1"), dag="    - {name: s, template: s}\n")
+    s = WorkflowSpec.model_validate({**s.model_dump(by_alias=True, exclude_none=True),
+                                     "synchronization": {"mutexes": [{"name": "m-{{workflow.parameters.mode}}"}]}})
+    runs = []
+    threads = [threading.Thread(target=lambda c=c: runs.append(run(s, controller=c))) for c in ("one", "two")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.mutex for r in runs] == ["m-a", "m-a"] and all(r.phase == "Succeeded" for r in runs)
+    assert max(r.seconds for r in runs) < 1.9   # neither waited for the other's whole duration
+
+
+def test_a_deleted_workflow_runs_nothing_more_not_even_its_exit_handler(run, argo_root):
+    """`kubectl delete workflow`: the pods it owns are garbage-collected and the controller forgets
+    it; its onExit handler never runs (it runs on `argo stop`, not on deletion)."""
+    import tempfile
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(dir=argo_root))   # not /tmp: every pod has its own
+    mark = tmp_path / "started"
+    s = spec(step("long", f"touch {mark}; sleep 30"), step("after", "true"), step("bye", f"touch {tmp_path}/bye"),
+             dag="    - {name: long, template: long}\n    - {name: after, template: after, depends: long.Failed}\n")
+    s = WorkflowSpec.model_validate({**s.model_dump(by_alias=True, exclude_none=True), "onExit": "bye"})
+    r = run(s, deleted_when=mark.exists)
+    assert r.phase == "Deleted" and r.exit is None and r.seconds < 10, r.describe()
+    assert r.task("long").failed_or_error and "the workflow was deleted" in r.task("after").message, r.describe()
+    assert not (tmp_path / "bye").exists()
+
+
 def test_git_input_artifact_is_the_revision_checked_out(run, revision):
     """A `git` input artifact at /workspace/src: `git archive REV` of the repository (the clone the
     executor does); an unknown revision is an Error of that step."""

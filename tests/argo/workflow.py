@@ -1,11 +1,16 @@
 """One Workflow from submission to its metrics (workflow/controller/operator.go `operate`, v4.0.10).
 
 submit -> ValidateWorkflow (validate.py) -> workflow mutex (spec.synchronization, acquired before
-anything runs, released when the workflow is done: sync manager TryAcquire/Release) -> global
+anything runs, released when the workflow is done: sync manager TryAcquire/Release; held in the
+memory of one controller, see `_mutex`) -> global
 parameters (setGlobalParameters; workflow.status is the phase while running) -> the entrypoint
 node -> workflow.status = the entry node's phase mapped to a workflow phase, workflow.failures ->
 the onExit node (its pods ignore the workflow deadline) -> the workflow's phase (a failed exit
 handler fails a succeeded workflow) -> custom metrics (computeMetrics, below).
+
+`deleted_when`: the Workflow is deleted once it holds (`kubectl delete workflow`): its pods are
+garbage-collected (SIGKILLed here), nothing more runs, not even the exit handler; the run's phase is
+then "Deleted" (no Argo phase: the object is gone).
 """
 from __future__ import annotations
 
@@ -82,13 +87,17 @@ class Run:
 def run_workflow(spec: WorkflowSpec, runner: PodRunner, *, work: Path, parameters: dict[str, str] | None = None,
                  via: str = "cli", generate_name: str = "wf-", namespace: str = "pdops",
                  repos: dict[str, Path] | None = None, secrets: dict[str, dict[str, str]] | None = None,
-                 kill_after: dict[str, float | Callable[[], bool]] | None = None) -> Run:
+                 kill_after: dict[str, float | Callable[[], bool]] | None = None, controller: str = "controller",
+                 pod_env: dict[str, str] | None = None, deleted_when: Callable[[], bool] | None = None,
+                 name: str | None = None) -> Run:
+    """`controller`: which workflow controller runs it (its mutexes are its own: `_mutex`); `pod_env`:
+    added to every pod's environment (Controller); `name`: instead of generate_name + a random suffix."""
     merged = validate_submission(spec, parameters or {}, via)
-    name = generate_name + uuid.uuid4().hex[:5]
+    name = name or generate_name + uuid.uuid4().hex[:5]
     clock = Clock()
     work = work / name
     ctl = Controller(spec, name, runner, clock=clock, work=work, repos=repos or {}, secrets=secrets or {},
-                     kill_after=kill_after)
+                     kill_after=kill_after, pod_env=pod_env)
     ctl.globals.update({"workflow.name": name, "workflow.namespace": namespace, "workflow.uid": str(uuid.uuid4()),
                         "workflow.mainEntrypoint": spec.entrypoint or "", "workflow.status": "Running",
                         "workflow.serviceAccountName": spec.serviceAccountName or "",
@@ -98,14 +107,21 @@ def run_workflow(spec: WorkflowSpec, runner: PodRunner, *, work: Path, parameter
     if spec.synchronization is not None:
         (m,) = spec.synchronization.mutexes
         mutex = replace(m.name, ctl.globals)
-    lock = _mutex(f"{namespace}/{mutex}") if mutex else None
+    lock = _mutex(controller, f"{namespace}/{mutex}") if mutex else None
     started = time.monotonic()
     if lock:
         lock.acquire()
+    ended = threading.Event()
+    if deleted_when is not None:
+        threading.Thread(target=_delete_when, args=(deleted_when, ctl.deleted, ended), daemon=True).start()
     try:
         if spec.activeDeadlineSeconds is not None:
             ctl.wf_deadline = clock.now() + spec.activeDeadlineSeconds
         entry = ctl.execute(name, spec.entrypoint, Arguments(), on_exit=False)
+        if ctl.deleted.is_set():   # the controller forgets it: no exit handler, no metrics
+            run = Run(name, "Deleted", "the Workflow was deleted", entry, None, dict(ctl.nodes), {}, mutex=mutex)
+            run.seconds = time.monotonic() - started
+            return run
         status = PHASE[entry.phase]
         ctl.globals["workflow.status"] = status
         ctl.globals["workflow.failures"] = json.dumps([
@@ -124,15 +140,30 @@ def run_workflow(spec: WorkflowSpec, runner: PodRunner, *, work: Path, parameter
             scope = {**ctl.globals, "status": entry.phase, "duration": f"{entry.finished - entry.started:f}"}
             run.metrics, run.metric_errors = compute_metrics(spec, scope)
     finally:
+        ended.set()
         if lock:
             lock.release()
     run.seconds = time.monotonic() - started
     return run
 
 
-def _mutex(key: str) -> threading.Lock:
+def _delete_when(condition: Callable[[], bool], deleted: threading.Event, ended: threading.Event) -> None:
+    while not ended.is_set():
+        if condition():
+            deleted.set()
+            return
+        time.sleep(0.05)
+
+
+def _mutex(controller: str, key: str) -> threading.Lock:
+    """A mutex of one controller. Argo keeps a `mutexes` lock in the memory of the controller that runs
+    the workflow (workflow/sync/sync_manager.go Manager.initializeMutex: a lockKindMutex name is a
+    newInternalMutex, mutex.go: a size-1 golang.org/x/sync/semaphore in the Manager's syncLockMap);
+    only a mutex with `database: true` (lock_name.go getMutexLockName -> lockKindDatabase) is shared by
+    controllers, and pd-release's is not. So two controllers (two clusters' Argo, or a second
+    installation watching the namespace) run two pd-release of one environment at once."""
     with _MUTEXES_LOCK:
-        return _MUTEXES.setdefault(key, threading.Lock())
+        return _MUTEXES.setdefault(f"{controller}/{key}", threading.Lock())
 
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # metrics/util.go IsValidMetricName (no ':')

@@ -16,7 +16,7 @@ import time
 
 from workflows.cli.common import progress as _progress
 from workflows.errors import InputError
-from workflows.names import LOCK_NAME, RUN_LEASE_S
+from workflows.names import LOCK_NAME, RUN_LEASE_S, run_lease_s
 
 
 def _kube(args: argparse.Namespace):
@@ -34,7 +34,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     from workflows.targets.kube.lease import ReleaseLock, run_holder
 
     say = _progress(time.monotonic())
-    lock = ReleaseLock(_kube(args), run_holder(args.run_id), RUN_LEASE_S, poll_s=min(5.0, max(args.wait, 0.05)))
+    lock = ReleaseLock(_kube(args), run_holder(args.run_id), run_lease_s(), poll_s=min(5.0, max(args.wait, 0.05)))
     lock.acquire(say, max_wait_s=args.wait, renew=False)
     print(f"{run_holder(args.run_id)} holds Lease {LOCK_NAME} in {args.namespace}")
     return 0
@@ -89,7 +89,7 @@ def register(sub) -> None:
             a.add_argument("--remove-started", action="store_true",
                            help="first delete the reference and baseline RayServices the run started")
         if name == "start":
-            a.add_argument("--wait", type=float, default=RUN_LEASE_S + 60,
+            a.add_argument("--wait", type=float, default=run_lease_s() + 60,
                            help=f"seconds to wait for another run's Lease (default {RUN_LEASE_S + 60}: a dead "
                            "run's is taken over once unchanged for its duration)")
         a.set_defaults(func=func)

@@ -11,12 +11,18 @@ Fault injection for tests: `faults.forbidden` (plurals answered 403), `faults.fa
 ({plural: n}: the next n writes answer 500 "etcdserver: request timed out"), `faults.before_write`
 (callables run before each write, to interleave another writer), `faults.write` (a `WriteFault`:
 the Nth write of one client fails as a 500, a 409, a 504 timeout or a killed process), and
-`requests` records every request (method, path, query, user agent, body).
+`requests` records every request in the order it was served (method, path, query, user agent, body,
+the caller's bearer token, when, the status answered and whether a write was stored): the write log
+a test reads to see who wrote what when. A pod's token names its pod (tests/argo/pod.py), as a bound
+ServiceAccount token does: kube-apiserver adds the pod's name to the caller's user info
+(pkg/serviceaccount/claims.go, extra `authentication.kubernetes.io/pod-name`), which the audit log
+records with every request.
 """
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +43,10 @@ class Request:
     params: dict[str, str]
     agent: str
     body: Any
+    user: str = ""          # the bearer token: `pod:<name>` for a step pod (tests/argo/pod.py)
+    at: float = 0.0         # time.monotonic() when it was served
+    status: int = 0         # what the client was answered
+    stored: bool = False    # a write the store committed (not a dry run; a 504 `timeout` fault still stores)
 
 
 FAULT_KINDS = ("500", "409", "timeout", "kill")
@@ -200,18 +210,23 @@ class ApiServer:
             body = (yaml.safe_load(raw) if "yaml" in (request.content_type or "") else json.loads(raw)) if raw else None
         except ValueError as exc:
             return _error(ApiError(400, "BadRequest", f"cannot decode the body: {exc}"))
-        req = Request(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""), body)
+        req = Request(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""), body,
+                      user=request.headers.get("Authorization", "").removeprefix("Bearer "), at=time.monotonic())
         self.requests.append(req)
         try:
             fault = self.faults.write
             hit = fault is not None and fault.counts(req, self._plural(req.path)) and fault.before(req)
             answer = self.serve(req, request.content_type or "")
+            req.stored = req.method in WRITES and not _dry_run(req)
             if hit and fault is not None:
                 fault.after()
+            req.status = 200
             return aiohttp.web.json_response(answer)
         except ApiError as exc:
+            req.status = exc.code
             return _error(exc)
         except ssa.ApplyConflict as exc:
+            req.status = 409
             return _error(ApiError(409, "Conflict", str(exc)))
 
     def _plural(self, path: str) -> str:
@@ -249,7 +264,7 @@ class ApiServer:
             for hook in list(self.faults.before_write):
                 hook(req)
         manager = req.params.get("fieldManager") or req.agent.split("/")[0] or "unknown"
-        dry = req.params.get("dryRun") == "All" or (req.method == "DELETE" and "All" in ((req.body or {}).get("dryRun") or []))
+        dry = _dry_run(req)
         if req.method == "GET":
             if req.params.get("watch") in ("true", "1"):
                 raise ApiError(400, "BadRequest", "watch is not served by the test API server")
@@ -293,6 +308,10 @@ class ApiServer:
         if not (req.body or {}).get("metadata", {}).get("resourceVersion") if isinstance(req.body, dict) else True:
             new["metadata"].pop("resourceVersion", None)  # a patch without resourceVersion is unconditional
         return self.store.update(res, ns, name, new, manager, dry, sub)
+
+
+def _dry_run(req: Request) -> bool:
+    return req.params.get("dryRun") == "All" or (req.method == "DELETE" and "All" in ((req.body or {}).get("dryRun") or []))
 
 
 def _error(exc: ApiError) -> aiohttp.web.Response:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from kubernetes import client, config
 
 from validation.server_metrics import RAY_METRICS_LAG_S
-from workflows.names import ROLE_LABEL, RUN_LEASE_S
+from workflows.names import ROLE_LABEL, run_lease_s
 from workflows.spec.release import Timeouts
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
 from workflows.targets.kube import golden_cache, objects as obj, reference as ref, traffic
@@ -83,7 +83,7 @@ class KubernetesTarget(Slots, ref.References, Baselines):
             yield
             return
         if self.run_id:
-            lock = ReleaseLock(self.kube, run_holder(self.run_id), RUN_LEASE_S, min(self.poll_s, 1.0))
+            lock = ReleaseLock(self.kube, run_holder(self.run_id), run_lease_s(), min(self.poll_s, 1.0))
             lock.hold()
             done = lock.detach
         else:
