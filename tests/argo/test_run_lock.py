@@ -101,7 +101,7 @@ def test_two_controllers_release_one_environment_one_run_at_a_time(pipeline):
     one = threading.Thread(target=submit, args=("pd-release-one", "controller-1"))
     one.start()
     _wait_until(lambda: any(_is_lease(r) and r.method == "PUT" and _pod(r).startswith("pd-release-one.validate")
-                            for r in _stored(pipeline)), one, 900, "run one's validate step holding the Lease")
+                            for r in _stored(pipeline)), one, 3600, "run one's validate step holding the Lease")
     two = threading.Thread(target=submit, args=("pd-release-two", "controller-2"))
     two.start()
     two.join(600)
