@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from validation import balance, loadgen, metrics, phase_load, profiles, server_metrics, traces
+from validation import balance, interim, loadgen, metrics, phase_load, profiles, server_metrics, traces
 from validation.config import BalancePolicy
-from validation.reports.bench import BenchReport, Quantiles
+from validation.reports.bench import BenchReport, Quantiles, StoppedEarly
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,10 @@ class BenchConfig:
     goodput_ttft_ms: float | None = None
     goodput_tpot_ms: float | None = None
     keep_samples: bool = True
+    # Interim looks (slo.statistics.stop_early, validation/interim.py): stop(the bench so far, requests
+    # completed, requests planned) at interim.points of `requests`; a record it returns ends the load
+    # (the report's `stopped_early`). A count load with one client process only (not a trace or a duration).
+    stop: Callable[[BenchReport, int, int], StoppedEarly | None] | None = None
 
 
 def run_bench(config: BenchConfig) -> BenchReport:
@@ -87,6 +91,8 @@ def run_bench(config: BenchConfig) -> BenchReport:
         t = report.ttft_ms or Quantiles()
         cfg.progress(f"[bench] done: {report.requests_ok} ok, {report.errors} errors, TTFT p50 {_ms(t.p50)} "
                      f"p99 {_ms(t.p99)}")
+        if report.stopped_early is not None:
+            cfg.progress(f"[bench] {report.stopped_early.reason}")
     return report
 
 
@@ -108,12 +114,30 @@ def _load_spec(cfg: BenchConfig) -> loadgen.LoadSpec:
     tokenizer = profiles.Tokenizer(cfg.tokenizer, cfg.endpoint) if cfg.tokenizer else None
     make_request = profiles.request_factory(cfg.profile, cfg.seed, cfg.endpoint, tokenizer,
                                             trace.lengths if trace else None)
+    looks = cfg.stop is not None and trace is None and cfg.requests is not None and cfg.workers <= 1
     return loadgen.LoadSpec(base_url=cfg.base_url, model=cfg.model, make_request=make_request,
+                            look_at=interim.points(cfg.requests) if looks and cfg.requests else None,
+                            look=_look(cfg) if looks else None,
                             endpoint=cfg.endpoint, concurrency=cfg.concurrency, rate=cfg.rate,
                             poisson=cfg.poisson, requests=cfg.requests, duration=cfg.duration,
                             warmup=cfg.warmup, api_key=cfg.api_key, seed=cfg.seed,
                             progress=cfg.progress is not None, timeout=cfg.timeout,
                             arrivals=trace.arrivals if trace else None, ramp_s=0.0 if trace else cfg.ramp_s)
+
+
+def _look(cfg: BenchConfig) -> Callable[[list[dict], float], dict[str, Any] | None]:
+    """An interim look for the load generator: the records completed so far as a bench report (the
+    client's figures and samples, what the gate judges), asked of `cfg.stop`; its record as a dict (it
+    crosses from the client's process)."""
+    def look(records: list[dict], wall_s: float) -> dict[str, Any] | None:
+        assert cfg.stop is not None and cfg.requests is not None
+        m = metrics.compute(records, wall_s, cfg.goodput_ttft_ms, cfg.goodput_tpot_ms,
+                            open_loop=bool(cfg.rate))
+        so_far = BenchReport.model_validate({"kind": "bench", "profile": cfg.profile.name, **m,
+                                             "samples": metrics.samples(records)})
+        got = cfg.stop(so_far, len(records), cfg.requests)
+        return got.model_dump(mode="json") if got is not None else None
+    return look
 
 
 def _start_line(cfg: BenchConfig) -> str:
@@ -189,6 +213,7 @@ def _report_fields(cfg: BenchConfig, started: float, window: _Window) -> dict[st
                     "prompts_from": f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else
                     "one word per token (no tokenizer)"},
         "server": server,
+        "stopped_early": res.get("stopped"),
     }
     if window.phases:
         out["balance"] = balance.judge(window.phases, cfg.balance_policy).model_dump(mode="json")

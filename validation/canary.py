@@ -103,8 +103,11 @@ def _gross(c: Check) -> bool:
 def hard_failures(decision: Decision) -> list[Check]:
     """Failed checks that act at once: everything but a latency figure (a latency check with no figure
     at all, value null, is a measurement that failed, so it is hard too), and a latency figure at
-    GROSS times its limit."""
-    return [c for c in decision.checks if not c.ok and (c.check not in LATENCY or c.value is None or _gross(c))]
+    GROSS times its limit. `stopped_early` (validation/interim.py) is not one of them by itself: the checks
+    that stopped the run are in the decision, judged on what was measured, and act (or feed the CUSUM) as
+    they would have at the end."""
+    return [c for c in decision.checks if not c.ok and c.check != "stopped_early"
+            and (c.check not in LATENCY or c.value is None or _gross(c))]
 
 
 def empty(release: str) -> dict[str, Any]:

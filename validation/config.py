@@ -89,6 +89,12 @@ class Statistics(_Strict):
     missed_regression: Rate = 0.05
     inconclusive: Literal["fail", "extend", "point_estimate"] = "fail"
     max_looks: Annotated[int, Field(ge=1, le=10)] = 1
+    # Interim looks during each load's measurement on the absolute SLO checks and the error tolerance
+    # only (never vs_stable): a failure already beyond doubt at a very strict level (Haybittle-Peto)
+    # stops the measurement and rolls back, with the report saying when and why. The looks spend
+    # validation/interim.py INTERIM_SHARE of false_rollback (judge.budget accounts for it), so the
+    # decision's stated rates hold. false: every load runs its whole plan (docs/gate.md#stopping-early).
+    stop_early: bool = True
 
     @property
     def confidence(self) -> float:

@@ -73,15 +73,20 @@ def load_text(key: LoadKey) -> str:
 
 def loads_check(benches: Sequence[BenchReport], planned: Sequence[LoadProfile]) -> Check:
     """`loads`: the benches given are exactly the loads the release plans (validation.load), so a run
-    of one load out of three is not judged as if it were the release's validation."""
+    of one load out of three is not judged as if it were the release's validation. After a load that
+    stopped early (its `stopped_early` check fails the release) the later loads are not measured: said,
+    and not a second failure."""
     want, got = Counter(planned_key(p) for p in planned), Counter(_key(b) for b in benches)
     missing, extra = want - got, got - want
+    stop = next((load_text(_key(b)) for b in benches if b.stopped_early is not None), None)
     text = lambda c: ", ".join(load_text(k) + (f" (x{n})" if n > 1 else "") for k, n in c.items())  # noqa: E731
     msg = (f"loads: {sum(got.values()) - sum(extra.values())} of {sum(want.values())} planned loads measured"
-           + (f"; missing: {text(missing)}" if missing else "") + (f"; not planned: {text(extra)}" if extra else "")
-           + (" (validation.load in release.yaml)" if missing or extra else ""))
-    return Check(check="loads", ok=not missing and not extra, value=[load_text(k) for k in missing.elements()] or None,
-                 limit=sum(want.values()), message=msg)
+           + (f"; not measured: {text(missing)}, since {stop} stopped early (a certain rollback)" if missing and stop
+              else f"; missing: {text(missing)}" if missing else "")
+           + (f"; not planned: {text(extra)}" if extra else "")
+           + (" (validation.load in release.yaml)" if (missing and not stop) or extra else ""))
+    return Check(check="loads", ok=(not missing or stop is not None) and not extra,
+                 value=[load_text(k) for k in missing.elements()] or None, limit=sum(want.values()), message=msg)
 
 
 def input_checks(labelled: Sequence[tuple[str, list[gate_inputs.Problem]]]) -> list[Check]:
@@ -272,6 +277,9 @@ def _kv_checks(out: _Checks, b: BenchReport, lab: str) -> None:
 
 def _bench_checks(out: _Checks, b: BenchReport, i: int, slo: SLO, bud: judge.Budget, balance_block: bool) -> None:
     lab = bench_label(b, i)
+    if b.stopped_early is not None:   # an interim look found a failure beyond doubt (validation/interim.py)
+        se = b.stopped_early
+        out.add("stopped_early", False, f"{lab}: {se.reason}", lab, se.after, se.planned)
     _client_check(out, b, lab, slo)
     _latency_checks(out, b, lab, i, slo, bud)
     # exact test on the counts at this check's budget share (validation/error_rates.py); never the summary

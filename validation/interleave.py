@@ -51,13 +51,16 @@ from collections.abc import Callable
 from functools import reduce
 from typing import Any, Literal
 
-from validation.reports.bench import BenchReport, Interleaved, Quantiles, VoidPair
+from validation.interim import points as interim_points
+from validation.reports.bench import BenchReport, Interleaved, Quantiles, StoppedEarly, VoidPair
 from validation.sequential import merge_bench
 
 Side = Literal["candidate", "stable"]
 SIDES: tuple[Side, Side] = ("candidate", "stable")
 # run(side, requests, duration_s, warmup_requests, block) -> the bench of one block on that side
 RunBlock = Callable[[Side, int | None, float | None, int, int], BenchReport | dict[str, Any]]
+# stop(the candidate's kept blocks merged, pairs measured, pairs planned) -> an early stop, or None
+StopCheck = Callable[[BenchReport, int, int], StoppedEarly | None]
 
 
 class VoidBlock(Exception):
@@ -146,11 +149,17 @@ def merged(benches: list[BenchReport]) -> BenchReport:
 
 
 def measure(run: RunBlock, requests: int | None, duration_s: float | None, warmup: int, blocks: int,
-            trace: bool = False, seed: int | None = None, first_block: int = 0) -> tuple[BenchReport, BenchReport]:
+            trace: bool = False, seed: int | None = None, first_block: int = 0,
+            stop: StopCheck | None = None) -> tuple[BenchReport, BenchReport]:
     """One load on both sides in paired blocks (module docstring): the candidate's and the baseline's
     merged benches, every request labelled with its block (first_block, first_block + 1, ...).
-    Every block gets the load's warm-up. Raises AllVoid when no pair could be measured."""
+    Every block gets the load's warm-up. Raises AllVoid when no pair could be measured.
+    `stop` (slo.statistics.stop_early, validation/interim.py): asked after the pairs at the interim
+    looks (interim.points of the planned pairs) with the candidate's kept blocks so far; when it returns
+    a record, the load ends there (no further pair) and the candidate's bench carries it."""
     n = effective_blocks(requests, blocks, trace)
+    looks = set(interim_points(n)) if stop is not None else set()
+    stopped: StoppedEarly | None = None
     seed = new_seed() if seed is None else seed
     sizes: list[int | None] = list(split(requests, n)) if requests is not None and not trace else [requests] * n
     durations = [duration_s / n if duration_s else None] * n
@@ -174,6 +183,10 @@ def measure(run: RunBlock, requests: int | None, duration_s: float | None, warmu
         for side, bench in got.items():
             kept[side].append(bench)
             summaries[side].append(block_summary(bench, side, block))
+        if stop is not None and k + 1 in looks and len(kept["candidate"]) >= 2:
+            stopped = stop(merged(kept["candidate"]), k + 1, n)
+            if stopped is not None:
+                break
     if not kept["candidate"]:
         raise AllVoid(void, merged(unpaired) if unpaired else None)
     out: dict[Side, BenchReport] = {}
@@ -181,6 +194,7 @@ def measure(run: RunBlock, requests: int | None, duration_s: float | None, warmu
         out[side] = merged(kept[side])
         out[side].interleaved = Interleaved(blocks=n, order=order_label(pairs), seed=seed, pairs=len(kept[side]),
                                             first_block=first_block, void=void, per_block=summaries[side])
+    out["candidate"].stopped_early = stopped
     return out["candidate"], out["stable"]
 
 

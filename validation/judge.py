@@ -75,18 +75,54 @@ def planned_checks(slo: SLO) -> list[Planned]:
     return out
 
 
+# Interim looks (slo.statistics.stop_early; validation/interim.py): at these fractions of each load's
+# planned requests (or blocks), the absolute SLO checks and the error tolerance may stop the
+# measurement on a failure beyond doubt. A group-sequential design with few looks (Pocock 1977,
+# O'Brien & Fleming 1979 use 2-5); the boundary is Haybittle-Peto's (Haybittle 1971, Peto et al.
+# 1976): a fixed, very strict interim level, the final analysis at the nominal level.
+INTERIM_LOOKS = (1 / 8, 1 / 4, 1 / 2)
+# The share of false_rollback the interim looks spend. Haybittle-Peto leave the final level unadjusted
+# because interim tests at p < 0.001 add next to nothing to a 0.05 test; here each check's own level is
+# far below 0.05 (prod: 0.15 %), so the addition is accounted for instead of assumed: the interim tests
+# get this share, split equally over every one of them (Bonferroni: conservative, since successive looks
+# at growing data are positively correlated), and the final checks keep the rest (their level moves by
+# this share, 1 %). Union bound: P(any false rollback) <= interim share + final share = false_rollback.
+INTERIM_SHARE = 0.01
+HAYBITTLE_PETO = 0.001    # the interim level is never looser than Haybittle-Peto's p < 0.001
+
+
 @dataclass(frozen=True)
 class Budget:
-    """The error rates of one decision: `alpha` per check (the false-rollback share), `beta` per look."""
+    """The error rates of one decision: `alpha` per check (the false-rollback share), `beta` per look;
+    with interim looks (slo.statistics.stop_early), `interim_alpha` per interim test."""
 
     false_rollback: float
     missed_regression: float
     checks: int               # planned checks x loads
     looks: int
+    interim_checks: int = 0   # checks x loads that take interim looks (0: no interim looks)
+    interim_looks: int = 0    # interim looks per load and look
+
+    @property
+    def interim_tests(self) -> int:
+        return self.interim_checks * self.interim_looks * self.looks
+
+    @property
+    def final_share(self) -> float:
+        """The part of false_rollback the final checks spend (all of it without interim looks)."""
+        return self.false_rollback * (1 - INTERIM_SHARE if self.interim_tests else 1.0)
 
     @property
     def alpha(self) -> float:
-        return self.false_rollback / (max(1, self.checks) * self.looks)
+        return self.final_share / (max(1, self.checks) * self.looks)
+
+    @property
+    def interim_alpha(self) -> float:
+        """The one-sided level of each interim test: INTERIM_SHARE of false_rollback over every interim test
+        of the decision, never above Haybittle-Peto's 0.001; 0 without interim looks."""
+        if not self.interim_tests:
+            return 0.0
+        return min(HAYBITTLE_PETO, self.false_rollback * INTERIM_SHARE / self.interim_tests)
 
     @property
     def beta(self) -> float:
@@ -94,14 +130,26 @@ class Budget:
 
     def text(self) -> str:
         return (f"share {self.alpha:.3%} of the decision's {self.false_rollback:.0%} false-rollback budget "
-                f"({self.checks} checks" + (f" x {self.looks} looks" if self.looks > 1 else "") + ")")
+                f"({self.checks} checks" + (f" x {self.looks} looks" if self.looks > 1 else "") + ")"
+                + (f"; {INTERIM_SHARE:.0%} of it spent on {self.interim_tests} interim tests at p < "
+                   f"{self.interim_alpha:.2g} each" if self.interim_tests else ""))
+
+
+def interim_planned(slo: SLO) -> list[Planned]:
+    """The checks that take interim looks: the absolute SLO quantiles and a non-zero error tolerance
+    (zero tolerance needs no test: one error fails it for certain). Never vs_stable or the errors against
+    the baseline: a loss against the baseline is less certain than an SLO overrun."""
+    return [p for p in planned_checks(slo) if p.kind == "absolute" or p.check == "error_rate"]
 
 
 def budget(slo: SLO, loads: int) -> Budget:
-    """Bonferroni on the rollback side: false_rollback over every planned check of every load and look."""
+    """Bonferroni on the rollback side: false_rollback over every planned check of every load and look,
+    less the interim looks' share when the measurement may stop early (INTERIM_SHARE)."""
     st = slo.statistics
     looks = st.max_looks if st.inconclusive == "extend" else 1
-    return Budget(st.false_rollback, st.missed_regression, len(planned_checks(slo)) * max(1, loads), looks)
+    interim = len(interim_planned(slo)) * max(1, loads) if st.stop_early else 0
+    return Budget(st.false_rollback, st.missed_regression, len(planned_checks(slo)) * max(1, loads), looks,
+                  interim, len(INTERIM_LOOKS) if interim else 0)
 
 
 @dataclass

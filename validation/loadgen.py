@@ -234,6 +234,12 @@ class LoadSpec:
     ramp_s: float = 0.0
     # closed loop: where this process's slots sit between the global slots (run_workers' worker w of n: w / n)
     ramp_phase: float = 0.0
+    # Interim looks (slo.statistics.stop_early; validation/interim.py): when this many requests have
+    # completed, `look` gets the parsed records completed so far (and the seconds since the clock
+    # started); a non-None answer stops the run: no request is sent after it, those in flight finish.
+    # Not with a trace (its arrivals are the point) or with several workers (each would see its share).
+    look_at: list[int] | None = None
+    look: Callable[[list[dict], float], Any] | None = None
 
 
 def ramped(u: float, ramp_s: float) -> float:
@@ -432,6 +438,9 @@ class _LoadRun:
         self.t_start = 0.0
         self.deadline: float | None = None
         self.counter = 0
+        self.finished: list[RawRecord] = []           # completed requests, in completion order
+        self.looks = sorted(spec.look_at or []) if spec.look is not None else []
+        self.stopped: Any = None                       # the look's answer that stopped the run
 
     def build(self, i: int) -> tuple[dict, bytes]:
         req = self.spec.make_request(i)
@@ -448,7 +457,10 @@ class _LoadRun:
         self.deadline = None if self.spec.duration is None else self.t_start + self.spec.duration
 
     def next_index(self) -> int | None:
-        """The next request's index; None once the count is reached or the duration is over."""
+        """The next request's index; None once the count is reached, the duration is over or a look
+        stopped the run."""
+        if self.stopped is not None:
+            return None
         if self.spec.requests is not None and self.counter >= self.spec.requests:
             return None
         if self.deadline is not None and time.perf_counter() >= self.deadline:
@@ -465,7 +477,17 @@ class _LoadRun:
         return r, payload
 
     def send(self, r: RawRecord, payload: bytes) -> asyncio.Future:
-        return asyncio.ensure_future(_one(self.pool, self.head, payload, r, self.spec.timeout))
+        return asyncio.ensure_future(self.one(r, payload))
+
+    async def one(self, r: RawRecord, payload: bytes) -> None:
+        """One request; then, when the completed count reaches the next interim look, the look."""
+        await _one(self.pool, self.head, payload, r, self.spec.timeout)
+        self.finished.append(r)
+        if self.looks and len(self.finished) >= self.looks[0] and self.stopped is None:
+            self.looks.pop(0)
+            assert self.spec.look is not None
+            records = [parse_record(x, self.t_start) for x in self.finished]
+            self.stopped = self.spec.look(records, time.perf_counter() - self.t_start)
 
     async def replay(self, arrivals: list[float]) -> None:
         """A trace: one request at each arrival time, whatever is still running."""
@@ -490,7 +512,7 @@ class _LoadRun:
             delay = at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            if self.deadline is not None and time.perf_counter() >= self.deadline:
+            if (self.deadline is not None and time.perf_counter() >= self.deadline) or self.stopped is not None:
                 break
             tasks.append(self.send(*self.new_raw(i, at)))
             t_next += self.rng.expovariate(rate) if self.spec.poisson else 1.0 / rate
@@ -510,7 +532,7 @@ class _LoadRun:
                 if i is None:
                     return
                 r, payload = self.new_raw(i, None)
-                await _one(self.pool, self.head, payload, r, spec.timeout)
+                await self.one(r, payload)
                 if spec.progress and len(self.raws) % 50 == 0:
                     print(f"[bench] {len(self.raws)} requests issued", file=sys.stderr)
         await asyncio.gather(*(slot(j) for j in range(spec.concurrency or 1)))
@@ -539,7 +561,7 @@ async def run_load(spec: LoadSpec) -> dict:
         pool.close()
     records = [parse_record(r, run.t_start) for r in run.raws]
     return {"records": records, "client_health": client_health, "wall_s": t_end - run.t_start, "t0": run.t_start,
-            "mode": "open" if spec.rate or spec.arrivals is not None else "closed"}
+            "mode": "open" if spec.rate or spec.arrivals is not None else "closed", "stopped": run.stopped}
 
 
 def run(spec: LoadSpec) -> dict:
@@ -637,4 +659,5 @@ def run_workers(spec: LoadSpec, workers: int, isolate: bool = False) -> dict:
               "client_bottleneck": bool(reasons), "reasons": reasons, "workers": workers,
               "machine": healths[0].get("machine"), "per_worker": healths}
     return {"records": records, "client_health": health, "wall_s": t_end - t0, "t0": t0,
-            "mode": next(iter(results.values()))["mode"], "workers": workers}
+            "mode": next(iter(results.values()))["mode"], "workers": workers,
+            "stopped": next((r["stopped"] for r in results.values() if r.get("stopped") is not None), None)}

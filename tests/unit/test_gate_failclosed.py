@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.fakes.known_timing_server import KnownTimingServer
-from validation import error_rates, gate_inputs, metrics, profiles
+from validation import error_rates, gate_inputs, judge, metrics, profiles
 from validation.bench import BenchConfig, run_bench
 from validation.config import SLO, LoadProfile, PrefillSLO, VsStable
 from validation.gate import decide
@@ -114,8 +114,10 @@ def test_with_a_baseline_at_every_load_the_comparison_decides(tmp_path):
     vs = [c for c in d["checks"] if c["check"].startswith("vs_stable_")]
     assert len(vs) == 6 and all(c["verdict"] == "pass" and "32 block pairs" in c["message"] for c in vs)
     # each states its interval, what it can detect and the budget share it spent: 5 % over 3 loads x
-    # (ttft_p90_ms, tpot_p90_ms, 2 vs_stable, error_rate, errors_vs_baseline)
-    assert all(c["alpha"] == pytest.approx(0.05 / 18) and c["interval"][0] < 1 for c in vs)
+    # (ttft_p90_ms, tpot_p90_ms, 2 vs_stable, error_rate, errors_vs_baseline), less the interim looks' share
+    # (slo.statistics.stop_early, judge.INTERIM_SHARE)
+    assert all(c["alpha"] == pytest.approx(0.05 * (1 - judge.INTERIM_SHARE) / 18) and c["interval"][0] < 1
+               for c in vs)
     assert all(c["detectable"]["rolled_back_from"] < 1.1 ** 3 for c in vs)
     slower = [bench(1.9, c, n=1600, seed=1 + k, blocks=32) for k, c in enumerate((16, 32, 64))]
     code, d = gate(tmp_path, slower, stable=stable)
@@ -246,8 +248,9 @@ def test_one_error_at_the_planned_n_does_not_trip_a_nonzero_tolerance(tmp_path):
     assert code == 0 and check["ok"] and check["verdict"] == "pass"
     assert "1 error in 300 requests" in check["message"]
     # the test runs at its share of the decision's 5 % false-rollback budget: 3 loads x (ttft_p90_ms,
-    # tpot_p90_ms, 2 vs_stable, error_rate, errors_vs_baseline) = 18 checks (validation/judge.py budget)
-    alpha = 0.05 / 18
+    # tpot_p90_ms, 2 vs_stable, error_rate, errors_vs_baseline) = 18 checks (validation/judge.py budget), less
+    # the interim looks' share (slo.statistics.stop_early)
+    alpha = 0.05 * (1 - judge.INTERIM_SHARE) / 18
     assert check["alpha"] == pytest.approx(alpha)
     assert "at n=300, 4 errors (1.33%) roll back" in check["message"]   # the smallest count that trips it
     assert check["interval"][0] == pytest.approx(1 - (1 - alpha) ** (1 / 300))

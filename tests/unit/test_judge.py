@@ -87,12 +87,16 @@ def test_the_budget_is_split_over_every_planned_check_of_every_load_and_look():
               prefill=PrefillSLO(ttft_p90_ms=5000), decode=DecodeSLO(tpot_p99_ms=500),
               statistics=Statistics(inconclusive="extend", max_looks=2))
     b = judge.budget(slo, loads=3)
-    assert b.checks == 3 * 6 and b.alpha == pytest.approx(0.05 / 18 / 2) and b.beta == pytest.approx(0.025)
+    final = 0.05 * (1 - judge.INTERIM_SHARE)     # the interim looks' share (stop_early) comes off first
+    assert b.checks == 3 * 6 and b.alpha == pytest.approx(final / 18 / 2) and b.beta == pytest.approx(0.025)
+    # ttft_p90_ms, tpot_p99_ms and error_rate take interim looks: 3 checks x 3 loads x 3 looks x 2 looks
+    assert b.interim_tests == 3 * 3 * len(judge.INTERIM_LOOKS) * 2
+    assert b.alpha * b.checks * b.looks + b.interim_alpha * b.interim_tests == pytest.approx(0.05)
     rng = np.random.default_rng(3)
     d = decide(COMPAT_OK, [_run(rng)], slo, [_run(rng)])    # no plan given: split over the runs given
     tested = [c for c in d.checks if c.alpha is not None]
     assert sorted(c.check for c in tested) == sorted(p.check for p in judge.planned_checks(slo))
-    assert all(c.alpha == pytest.approx(0.05 / 6 / 2) for c in tested)
+    assert all(c.alpha == pytest.approx(final / 6 / 2) for c in tested)
 
 
 def test_one_block_is_inconclusive_and_the_policies_decide():
@@ -127,7 +131,7 @@ def test_absolute_threshold_states_its_block_interval_and_resolution():
     p90, p99 = d.named("ttft_p90_ms")[0], d.named("ttft_p99_ms")[0]
     assert p90.verdict == "pass" and p90.interval[1] < 1000 and "Woodruff, 32 blocks" in p90.message
     assert p99.verdict == "fail" and p99.interval[0] > 320    # p99 of this world is about 2x 200 ms
-    assert p90.alpha == pytest.approx(0.05 / 2) and "resolution +" in p90.message
+    assert p90.alpha == pytest.approx(0.05 * (1 - judge.INTERIM_SHARE) / 2) and "resolution +" in p90.message
     del cand["samples"]["block"]         # a plain run: consecutive batches stand in for blocks
     p90 = decide(COMPAT_OK, [cand], slo).named("ttft_p90_ms")[0]
     assert p90.verdict == "pass" and "16 batches of consecutive requests" in p90.message

@@ -172,6 +172,19 @@ class Interleaved(ReportModel):
     per_block: list[dict[str, Any]] | None = None   # each kept block's own summary
 
 
+class StoppedEarly(ReportModel):
+    """The measurement stopped before its plan: a check's failure was already beyond doubt at an interim
+    look (slo.statistics.stop_early; validation/interim.py). The gate fails `stopped_early` with `reason`."""
+
+    after: int                        # requests measured when it stopped (the candidate's, all blocks so far)
+    planned: int                      # requests the load planned (this side)
+    block: int | None = None          # interleaved: the last candidate block measured (1-based)
+    blocks: int | None = None         # interleaved: the blocks planned
+    checks: list[str] = Field(default_factory=list)   # the checks beyond doubt
+    level: float                      # the one-sided interim level (judge.Budget.interim_alpha)
+    reason: str
+
+
 class BenchReport(ReportModel):
     kind: Literal["bench"] = "bench"
     base_url: str | None = None
@@ -215,13 +228,14 @@ class BenchReport(ReportModel):
     cost: Cost | None = None
     looks: list[dict[str, Any]] | None = None    # slo.statistics extend: each look's own summary
     interleaved: Interleaved | None = None       # slo.vs_stable.measure: live
+    stopped_early: StoppedEarly | None = None    # slo.statistics.stop_early: the load stopped at an interim look
     # Phase balance verdict (issue 16's companion work, helper `balance`): its typed model goes here.
     balance: dict[str, Any] | None = None
     missing: dict[str, str] = Field(default_factory=dict)   # dotted path of a null figure -> why
 
     # null by design: settings of the run, not figures it measured
     BY_DESIGN: ClassVar[tuple[str, ...]] = ("load", "goodput_slo", "profile_spec", "samples", "looks", "interleaved",
-                                           "balance",
+                                           "balance", "stopped_early",
                                            "cost", "tpot_unmeasured",
                  "ttft_from_scheduled_ms", "e2e_from_scheduled_ms", "base_url", "model", "profile", "started_unix",
                  "client_health.per_worker", "client_health.workers", "lengths.output_mismatch_samples",

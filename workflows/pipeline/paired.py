@@ -15,17 +15,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from validation import interleave
+from validation import interim, interleave
 from workflows.targets.base import Baseline, Endpoint, Progress, Skipped
 
 if TYPE_CHECKING:
     from validation.config import LoadProfile
     from validation.reports import BenchReport
 
-# bench_of(load, warmup, seed, on, requests, duration) -> one run of `load` against `on`
-BenchOf = Callable[["LoadProfile", int, int, Endpoint, "int | None", "float | None"], "BenchReport"]
+
+
+class BenchOf(Protocol):
+    """bench_of(load, warmup, seed, on, requests, duration, stop=) -> one run of `load` against `on`,
+    with the interim looks `stop` (validation/interim.py) when given."""
+
+    def __call__(self, load: LoadProfile, warmup: int, seed: int, on: Endpoint | None = None,
+                 requests: int | None = None, duration: float | None = None, *,
+                 stop: interim.Stop | None = None) -> BenchReport: ...
 
 
 class PairedLoads:
@@ -71,12 +78,15 @@ class PairedLoads:
         if stack is not None:
             stack.close()
 
-    def measure(self, i: int, load: LoadProfile, warmup: int, seed: int) -> BenchReport:
+    def measure(self, i: int, load: LoadProfile, warmup: int, seed: int,
+                stops: interim.Stops | None = None) -> BenchReport:
         """Load #i on the candidate, paired with the baseline when one runs (every block then gets the
-        load's warm-up; alone, `warmup`); the candidate's bench."""
+        load's warm-up; alone, `warmup`); the candidate's bench. `stops`: the load's interim looks
+        (slo.statistics.stop_early): between block pairs, or within the candidate's bench when alone."""
+        alone = stops.alone if stops is not None else None
         baseline = self.take()
         if baseline is None:
-            return self.bench_of(load, warmup, seed, self.candidate, None, None)
+            return self.bench_of(load, warmup, seed, self.candidate, None, None, stop=alone)
         before = self.stable[i].interleaved if i in self.stable else None
         first = before.first_block + before.blocks if before is not None else 0   # a later look's blocks follow
         order_seed = (before.seed if before is not None and before.seed is not None else self.seed + i) + 1000 * first
@@ -95,11 +105,13 @@ class PairedLoads:
         try:
             cand, stab = interleave.measure(block, load.requests if not load.duration_s else None, load.duration_s,
                                             load.warmup_requests, self.blocks, bool(load.trace), seed=order_seed,
-                                            first_block=first)
+                                            first_block=first, stop=stops.blocks if stops is not None else None)
         except interleave.AllVoid as exc:
             self.missing.append(f"load #{i} {load.profile}: {exc}")
             self.progress(f"[validate] load #{i}: {exc}; the candidate is judged on the absolute SLOs only")
-            return exc.candidate or self.bench_of(load, warmup, seed, self.candidate, None, None)
+            return exc.candidate or self.bench_of(load, warmup, seed, self.candidate, None, None, stop=alone)
+        if cand.stopped_early is not None:
+            self.progress(f"[validate] load #{i}: {cand.stopped_early.reason}")
         self.stable[i] = interleave.combine(self.stable[i], stab) if i in self.stable else stab
         self.dump(self.run / f"stable-bench-{i}-{load.profile}.json", self.stable[i])
         return cand

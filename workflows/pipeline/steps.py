@@ -17,6 +17,7 @@ from workflows.spec.release import ReleaseSpec, load_spec, spec_files
 from workflows.targets.base import Baseline, Endpoint, Progress, ReleaseRecord, Skipped, Target, TargetError
 
 if TYPE_CHECKING:
+    from validation import interim
     from validation.config import LoadProfile
     from validation.reports import (
         BenchReport,
@@ -145,7 +146,14 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     compat = compat_suite(candidate)
     loads = CandidateLoads(candidate, rendered, baseline_server, stable)
     loads.first_look()
-    checks = reference_checks(candidate, reference, reference_url, reference_server, release_file)
+    if loads.stopped:   # a certain rollback: no single-engine reference is started for it
+        why = "the measurement stopped early (a certain rollback)"
+        wanted = (("golden_tokens", spec.validation.golden_prompts > 0),
+                  ("diff", spec.validation.diff and release_file is not None))
+        checks = ReferenceChecks(skipped={name: why for name, want in wanted if want})
+        progress(f"[validate] golden tokens and diff skipped: {why}")
+    else:
+        checks = reference_checks(candidate, reference, reference_url, reference_server, release_file)
     decision = gate_over_looks(candidate, compat, loads, checks, current)
     if rendered is not None and rendered.overlay is not None:
         decision.advice = balance_advice(rendered, loads.benches, run, progress, loads.stable)
@@ -205,8 +213,10 @@ class CandidateLoads:
         self.no_baseline: str | None = None   # why vs_stable has no live baseline to compare with
 
     def bench_of(self, load: LoadProfile, warmup: int, seed: int, on: Endpoint | None = None,
-                 requests: int | None = None, duration: float | None = None) -> BenchReport:
-        """One run of `load` against `on` (default: the candidate), priced when the release is rendered."""
+                 requests: int | None = None, duration: float | None = None, *,
+                 stop: interim.Stop | None = None) -> BenchReport:
+        """One run of `load` against `on` (default: the candidate), priced when the release is rendered;
+        `stop`: its interim looks (validation/interim.py)."""
         from validation import profiles, traces
         from validation.bench import BenchConfig, run_bench
         from validation.prometheus import PrometheusSource
@@ -226,23 +236,41 @@ class CandidateLoads:
             metrics_url=on.metrics_url, metrics_select=on.metrics_labels or None,
             metrics_phases=on.metrics_phases or None, metrics_lag_s=on.metrics_lag_s, metrics_source=source,
             balance_policy=spec.validation.balance,
-            goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms))
+            goodput_ttft_ms=spec.slo.goodput_ttft_ms, goodput_tpot_ms=spec.slo.goodput_tpot_ms, stop=stop))
         if self.rendered is not None:   # $ per million tokens / 1,000 requests of this run (validation/cost.py)
             from workflows.pipeline.pricing import bench_cost
             bench.cost = bench_cost(bench, spec, self.rendered)
         return bench
 
     def measure(self, i: int, load: LoadProfile, warmup: int, seed: int) -> BenchReport:
-        """One look at load #i: paired with the baseline (measure: live), else on the candidate alone."""
-        return self.paired.measure(i, load, warmup, seed) if self.live else self.bench_of(load, warmup, seed)
+        """One look at load #i: paired with the baseline (measure: live), else on the candidate alone;
+        either with the interim looks of slo.statistics.stop_early (validation/interim.py)."""
+        from validation import interim
+
+        spec = self.candidate.spec
+        stops = interim.stops(spec.slo, len(spec.validation.load), load.requests if not load.duration_s else None)
+        if self.live:
+            return self.paired.measure(i, load, warmup, seed, stops)
+        bench = self.bench_of(load, warmup, seed, stop=stops.alone if stops is not None else None)
+        if bench.stopped_early is not None:
+            self.candidate.progress(f"[validate] load #{i}: {bench.stopped_early.reason}")
+        return bench
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the measurement stopped before its plan (a load's interim look), or None."""
+        return next((b.stopped_early.reason for b in self.benches if b.stopped_early is not None), None)
 
     def first_look(self) -> None:
-        """Every load once, with its warm-up."""
+        """Every load once, with its warm-up. A load that stopped early (a failure beyond doubt: a certain
+        rollback) ends the measurement: the later loads are not measured (the gate's `loads` check says so)."""
         with self.paired:   # the baseline is released before the reference engine starts (workflows/pipeline/paired.py)
             for i, load in enumerate(self.candidate.spec.validation.load):
                 bench = self.measure(i, load, load.warmup_requests, 0)
                 _dump(self.candidate.run / f"bench-{i}-{load.profile}.json", bench)
                 self.benches.append(bench)
+                if bench.stopped_early is not None:
+                    break
         self._baseline_measured()
 
     def look_again(self, extend: list[int], look: int) -> None:
