@@ -157,7 +157,8 @@ def stopped(found: list[Beyond], bud_level: float, after: int, planned: int, blo
     """The record of an early stop (BenchReport.stopped_early), with the words the gate reports."""
     where = f" (block {block} of {blocks})" if block is not None else ""
     first = found[0]
-    text = (f"stopped early after {after} of {planned} requests{where}: {first.text} at p < {bud_level:.2g}"
+    of = f" of {planned}" if planned else ""     # a timed load (duration_s) plans no request count
+    text = (f"stopped early after {after}{of} requests{where}: {first.text} at p < {bud_level:.2g}"
             + "".join(f"; {f.text}" for f in found[1:]))
     return StoppedEarly(after=after, planned=planned, block=block, blocks=blocks, checks=[f.check for f in found],
                         level=bud_level, reason=text)

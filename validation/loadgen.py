@@ -438,9 +438,10 @@ class _LoadRun:
         self.t_start = 0.0
         self.deadline: float | None = None
         self.counter = 0
-        self.finished: list[RawRecord] = []           # completed requests, in completion order
+        self.finished: list[dict] = []                # completed requests, parsed, in completion order (looks only)
         self.looks = sorted(spec.look_at or []) if spec.look is not None else []
         self.stopped: Any = None                       # the look's answer that stopped the run
+        self.looking: list[asyncio.Future] = []        # the looks started (each in a thread)
 
     def build(self, i: int) -> tuple[dict, bytes]:
         req = self.spec.make_request(i)
@@ -482,12 +483,23 @@ class _LoadRun:
     async def one(self, r: RawRecord, payload: bytes) -> None:
         """One request; then, when the completed count reaches the next interim look, the look."""
         await _one(self.pool, self.head, payload, r, self.spec.timeout)
-        self.finished.append(r)
-        if self.looks and len(self.finished) >= self.looks[0] and self.stopped is None:
+        if not self.looks or self.stopped is not None:
+            return
+        # parsed as each request ends, so a look stalls the event loop (and the reads of the requests in
+        # flight) for its statistics only, not for parsing every record so far
+        self.finished.append(parse_record(r, self.t_start))
+        if len(self.finished) >= self.looks[0]:
             self.looks.pop(0)
-            assert self.spec.look is not None
-            records = [parse_record(x, self.t_start) for x in self.finished]
-            self.stopped = self.spec.look(records, time.perf_counter() - self.t_start)
+            self.looking.append(asyncio.ensure_future(self._look(list(self.finished))))
+
+    async def _look(self, records: list[dict]) -> None:
+        """An interim look in a thread: the event loop goes on reading the requests in flight (the interpreter
+        switches threads every few ms) instead of stalling for the look's statistics, and the slots go on
+        sending until it says stop."""
+        assert self.spec.look is not None
+        got = await asyncio.get_running_loop().run_in_executor(
+            None, self.spec.look, records, time.perf_counter() - self.t_start)
+        self.stopped = self.stopped if self.stopped is not None else got
 
     async def replay(self, arrivals: list[float]) -> None:
         """A trace: one request at each arrival time, whatever is still running."""
@@ -556,6 +568,7 @@ async def run_load(spec: LoadSpec) -> dict:
         else:
             await run.closed_loop()
         t_end = time.perf_counter()
+        await asyncio.gather(*run.looking)   # a look still running when the load ended: its answer is kept
         client_health = await health.stop()
     finally:
         pool.close()

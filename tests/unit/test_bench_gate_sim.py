@@ -18,3 +18,8 @@ def test_quick_simulation_prints_every_row(capsys):
     # 16 pairs of 50 requests: a +15 % regression is rolled back in every quick release
     uniform = next(line for line in out.splitlines() if line.startswith("| uniform +15% (TTFT"))
     assert uniform.split("|")[2].strip() == "100.0%", uniform
+    # interim looks (slo.statistics.stop_early): an A/A never stops early; a 3x candidate always does
+    aa = next(line for line in out.splitlines() if line.startswith("| A/A (unchanged"))
+    clear = next(line for line in out.splitlines() if line.startswith("| uniform 3x"))
+    assert aa.split("|")[5].strip() == "0 of 6" and clear.split("|")[5].strip() == "6 of 6", (aa, clear)
+    assert clear.split("|")[2].strip() == "100.0%", clear

@@ -177,7 +177,7 @@ class StoppedEarly(ReportModel):
     look (slo.statistics.stop_early; validation/interim.py). The gate fails `stopped_early` with `reason`."""
 
     after: int                        # requests measured when it stopped (the candidate's, all blocks so far)
-    planned: int                      # requests the load planned (this side)
+    planned: int                      # requests the load planned (this side); 0: a timed load (duration_s)
     block: int | None = None          # interleaved: the last candidate block measured (1-based)
     blocks: int | None = None         # interleaved: the blocks planned
     checks: list[str] = Field(default_factory=list)   # the checks beyond doubt
