@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from validation.reports import BenchReport
 
 
-
 class BenchOf(Protocol):
     """bench_of(load, warmup, seed, on, requests, duration, stop=) -> one run of `load` against `on`,
     with the interim looks `stop` (validation/interim.py) when given."""
