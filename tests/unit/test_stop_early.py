@@ -192,3 +192,23 @@ def test_the_canary_classifies_the_checks_that_stopped_the_run_not_the_stop_itse
     gross = Check(check="itl_p90_ms", ok=False, message="2x", value=121.0, limit=60.0)
     assert canary.hard_failures(Decision(verdict="rollback", reasons=[], checks=[stop, near])) == []
     assert canary.hard_failures(Decision(verdict="rollback", reasons=[], checks=[stop, gross])) == [gross]
+
+
+# ---- the setting in release.yaml ------------------------------------------------------------------------
+def test_release_yaml_turns_it_off_and_a_bad_value_names_the_field():
+    from pathlib import Path
+
+    from validation.errors import InputError
+    from validation.yaml_input import read_yaml_file
+    from workflows.spec.release import parse_spec
+
+    dev = Path(__file__).resolve().parents[2] / "overlays" / "dev" / "release.yaml"
+    data = read_yaml_file(dev)
+    assert parse_spec(data, dev).slo.statistics.stop_early is True          # on by default
+    data["slo"]["statistics"] = {"stop_early": False}
+    spec = parse_spec(data, dev)
+    assert spec.slo.statistics.stop_early is False and interim.stops(spec.slo, 1, 1600) is None
+    data["slo"]["statistics"] = {"stop_early": "sometimes"}
+    with pytest.raises(InputError) as exc:
+        parse_spec(data, dev)
+    assert exc.value.field == "slo.statistics.stop_early"
