@@ -125,16 +125,20 @@ def _load_spec(cfg: BenchConfig) -> loadgen.LoadSpec:
                             arrivals=trace.arrivals if trace else None, ramp_s=0.0 if trace else cfg.ramp_s)
 
 
-def _look(cfg: BenchConfig) -> Callable[[list[dict], float], dict[str, Any] | None]:
+def _look(cfg: BenchConfig) -> Callable[[list[dict], float, int], dict[str, Any] | None]:
     """An interim look for the load generator: the records completed so far as a bench report (the
     client's figures and samples, what the gate judges), asked of `cfg.stop`; its record as a dict (it
-    crosses from the client's process)."""
-    def look(records: list[dict], wall_s: float) -> dict[str, Any] | None:
+    crosses from the client's process). The requests in flight count as successes so far among the
+    outcomes the error test reads: a fast failure (an instant 500) completes before the slow successes
+    sent with it, so the completed requests alone would overstate the error rate at a look."""
+    def look(records: list[dict], wall_s: float, in_flight: int) -> dict[str, Any] | None:
         assert cfg.stop is not None and cfg.requests is not None
         m = metrics.compute(records, wall_s, cfg.goodput_ttft_ms, cfg.goodput_tpot_ms,
                             open_loop=bool(cfg.rate))
+        samples = metrics.samples(records)
+        samples["outcomes"] += [1] * max(0, in_flight)
         so_far = BenchReport.model_validate({"kind": "bench", "profile": cfg.profile.name, **m,
-                                             "samples": metrics.samples(records)})
+                                             "samples": samples})
         got = cfg.stop(so_far, len(records), cfg.requests)
         return got.model_dump(mode="json") if got is not None else None
     return look

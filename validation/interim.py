@@ -24,7 +24,9 @@ release time spent on a decided question. Interim looks settle it while the load
   side, missed_regression and vs_stable, needs every request).
 - **Biased the safe way.** A look in a closed loop sees the requests completed so far; the slow ones
   still in flight are missing, so its latency (and its timeouts, counted as errors) can only look
-  better than the truth: the look is slower to stop, never quicker.
+  better than the truth: the look is slower to stop, never quicker. The requests in flight count as
+  successes among the outcomes (validation/bench.py `_look`): fast failures finish first and would
+  otherwise be over-represented.
 
 An early stop is recorded in the bench report (`stopped_early`), the gate fails the `stopped_early`
 check with its words ("stopped early after N of M requests (block k of n): <check> ... at p < X"),

@@ -235,11 +235,12 @@ class LoadSpec:
     # closed loop: where this process's slots sit between the global slots (run_workers' worker w of n: w / n)
     ramp_phase: float = 0.0
     # Interim looks (slo.statistics.stop_early; validation/interim.py): when this many requests have
-    # completed, `look` gets the parsed records completed so far (and the seconds since the clock
-    # started); a non-None answer stops the run: no request is sent after it, those in flight finish.
+    # completed, `look` gets the parsed records completed so far, the seconds since the clock started
+    # and how many requests were in flight; a non-None answer stops the run: no request is sent after
+    # it, those in flight finish.
     # Not with a trace (its arrivals are the point) or with several workers (each would see its share).
     look_at: list[int] | None = None
-    look: Callable[[list[dict], float], Any] | None = None
+    look: Callable[[list[dict], float, int], Any] | None = None
 
 
 def ramped(u: float, ramp_s: float) -> float:
@@ -497,8 +498,9 @@ class _LoadRun:
         switches threads every few ms) instead of stalling for the look's statistics, and the slots go on
         sending until it says stop."""
         assert self.spec.look is not None
+        in_flight = len(self.raws) - len(records)
         got = await asyncio.get_running_loop().run_in_executor(
-            None, self.spec.look, records, time.perf_counter() - self.t_start)
+            None, self.spec.look, records, time.perf_counter() - self.t_start, in_flight)
         self.stopped = self.stopped if self.stopped is not None else got
 
     async def replay(self, arrivals: list[float]) -> None:
