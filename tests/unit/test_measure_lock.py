@@ -15,7 +15,7 @@ from tests.measure_lock import measuring
 with measuring("other process") as waited:
     print(f"in {time.time():.3f} waited {waited:.2f}", flush=True)
     time.sleep(float(sys.argv[1]))
-print(f"out {time.time():.3f}", flush=True)
+    print(f"leaving {time.time():.6f}", flush=True)   # the last moment it surely held the lock
 """
 
 
@@ -27,7 +27,7 @@ def test_a_second_process_waits_until_the_first_releases(tmp_path, monkeypatch):
     assert entered.startswith("in ")
     with measuring("this test") as waited:
         got = time.time()
-    left = float(first.stdout.read().split()[1])
+    left = float(first.stdout.read().split()[1])   # printed while it still held the lock
     assert first.wait() == 0
     assert got >= left and waited > 0.5, (got, left, waited)
 
