@@ -1,15 +1,15 @@
 """Will the candidate's pods fit? Node by node, as the scheduler's NodeResourcesFit filter decides it.
 
-A pod fits a node when, for every resource it requests, the node's allocatable minus the requests
-of the pods already bound there (any namespace; Succeeded/Failed ones do not hold resources) covers it, its nodeSelector matches
-the node's labels, and the node is Ready, schedulable and has no NoSchedule/NoExecute taint the
-pod does not tolerate. Each pod needs all its GPUs (and EFA devices) on ONE node, so GPUs are never
-summed across nodes. A container's requests default to its limits (the API server's defaulting).
-Terminating pods (a retired colour, a deleted reference) are not counted, unlike kube-scheduler, which
-counts them until they are gone: they free their node within the drain and grace period, so the
-candidate's pods are scheduled then rather than never; `place` names them so the wait is explained.
-Pods are placed biggest first, first fit; the check says which pod found no node and what each
-candidate node has left.
+A pod fits a node when, for every resource it requests, the node's allocatable minus the requests of the
+pods already bound there (any namespace; Succeeded/Failed ones do not hold resources) covers it, its
+nodeSelector matches the node's labels, and the node is Ready, schedulable and has no
+NoSchedule/NoExecute taint the pod does not tolerate. Each pod needs all its GPUs (and EFA devices) on
+ONE node, so GPUs are never summed across nodes. A container's requests default to its limits (the API
+server's defaulting). Terminating pods (a retired colour, a deleted reference) are not counted, unlike
+kube-scheduler, which counts them until they are gone: they free their node within the drain and grace
+period, so the candidate's pods are scheduled then rather than never; `place` names them so the wait is
+explained. Pods are placed biggest first, first fit; the check says which pod found no node and what
+each candidate node has left.
 """
 from __future__ import annotations
 
