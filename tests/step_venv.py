@@ -14,12 +14,24 @@ makes the venv. A machine with no such folder (a fresh CI runner) builds it on t
 figure in docs/measurements.md. What a kept venv does not re-prove: the vllm and ray layers are installed
 again only when a key input changes, as setup.sh's stamps skip an unchanged layer in a developer's `.venv`,
 so a new release of an unpinned dependency on the index is met at the next key change, not every run. The
-project layer is installed again every time (its stamp is removed first, and setup.sh's `pip install
-"$root"` reinstalls a local directory), so the code under test is the code that runs;
-`installed_code_differs` checks that.
+project layer is installed again only when the installed workflows/ and validation/ (their .py files and
+package data) differ from the code wanted (`installed_code_differs`): then its stamp is removed and setup.sh's
+`pip install "$root"` reinstalls the local directory, so the code under test is the code that runs. The code
+wanted is `src`: this checkout for tests/unit/test_step_image.py, the revision's `git archive` for the Argo
+tier (tests/argo/conftest.py), which is what the image would be built from (setup.sh runs from `src`).
+The build runs under `nice -n 19`: it is background work beside tests that measure latency.
 
-A lock (flock on the key's folder) serialises two test runs (worktrees) using one key: the second waits
-while the first reinstalls the project and runs its steps. Only the KEEP most recently used keys stay.
+Locking (flock on the key's `lock` file), so that the Argo tier (one pytest process holding the venv for its
+whole session, ~17 min) and the step image test (another process, beside it in `make ci-tiers`) share it:
+- a user holds a shared lock while it runs the venv's programs; any number of users at once;
+- building or reinstalling the project takes the exclusive lock (waiting for the current users to finish),
+  then goes back to a shared lock and checks again: converting a flock is not atomic, so another run may
+  have installed its own code in between, and then this one takes the exclusive lock again.
+So two runs wanting the same code (one clone, or two worktrees at the same revision) never wait for each
+other's session: the second finds the code installed and takes a shared lock. Two runs wanting different
+code (uncommitted changes in one worktree, or two revisions) cannot share one venv: the second waits until
+the first's users are done (up to the Argo tier's whole session), then reinstalls its code; it says so on
+stderr while it waits. Only the KEEP most recently used keys stay (a key another run holds is kept).
 """
 from __future__ import annotations
 
@@ -29,6 +41,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +50,7 @@ from tests.conftest import ROOT
 
 KEY_INPUTS = ("scripts/setup.sh", "Dockerfile", "pyproject.toml")
 KEEP = 2   # a steps venv is about 4 GB on disk
+_HELD: set[Path] = set()   # the key folders this process holds (a shared lock)
 
 
 def cache_root() -> Path:
@@ -45,10 +59,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdops-tests" / "step-venv"
 
 
-def key() -> str:
+def key(src: Path = ROOT) -> str:
     h = hashlib.sha256()
     for rel in KEY_INPUTS:
-        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes() + b"\0")
+        h.update(rel.encode() + b"\0" + (src / rel).read_bytes() + b"\0")
     # The Python the venv is made from: setup.sh runs `$PYTHON -m venv` with this test venv's Python, whose
     # venv points at its base install (pyvenv.cfg `home`), not at the test venv: so a fresh clone of the
     # project (a new test venv, same base Python) finds the venv its predecessor kept.
@@ -56,14 +70,12 @@ def key() -> str:
     return h.hexdigest()[:16]
 
 
-def _locked(path: Path, block: bool = True):
-    f = open(path, "a")   # held for the caller's block, closed by it
+def _lock(f, mode: int, block: bool = True) -> bool:
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+        fcntl.flock(f, mode | (0 if block else fcntl.LOCK_NB))
     except BlockingIOError:
-        f.close()
-        return None
-    return f
+        return False
+    return True
 
 
 def _prune(root: Path, current: Path) -> None:
@@ -71,41 +83,73 @@ def _prune(root: Path, current: Path) -> None:
     others = sorted((d for d in root.iterdir() if d.is_dir() and d != current),
                     key=lambda d: (d / "built").stat().st_mtime if (d / "built").exists() else 0.0, reverse=True)
     for stale in others[KEEP - 1:]:
-        lock = _locked(stale / "lock", block=False)
-        if lock is not None:
-            with lock:
+        with open(stale / "lock", "a") as f:
+            if _lock(f, fcntl.LOCK_EX, block=False):
                 shutil.rmtree(stale, ignore_errors=True)
 
 
+def _ready(venv: Path, src: Path) -> bool:
+    """Built, and running the code of `src`."""
+    try:
+        return (venv.parent / "built").exists() and not installed_code_differs(venv, src)
+    except (OSError, subprocess.CalledProcessError):   # a venv without its python: build again
+        return False
+
+
 @contextmanager
-def step_venv(setup_env: dict[str, str]) -> Iterator[tuple[Path, subprocess.CompletedProcess]]:
-    """(the venv, setup.sh's run) with the venv locked for the block; `setup_env` the PDOPS_SETUP_* settings."""
+def step_venv(setup_env: dict[str, str], src: Path = ROOT) -> Iterator[tuple[Path, subprocess.CompletedProcess]]:
+    """(the venv, setup.sh's run) with the venv running the code of `src` and held (shared lock) for the block;
+    `setup_env` the PDOPS_SETUP_* settings. setup.sh's run is a stand-in with exit 0 when nothing was installed."""
     root = cache_root()
-    folder = root / key()
+    folder = root / key(src)
     folder.mkdir(parents=True, exist_ok=True)
-    lock = _locked(folder / "lock")
-    assert lock is not None
-    with lock:
-        venv, built = folder / "venv", folder / "built"
-        if venv.exists() and not built.exists():   # a build that did not finish (killed, failed)
-            shutil.rmtree(venv)
-        (venv / ".pdops-setup" / "project").unlink(missing_ok=True)   # the code under test, every time
-        env = {**os.environ, **setup_env, "PDOPS_VENV": str(venv), "PYTHON": sys.executable}
-        done = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], env=env, capture_output=True,
-                              text=True, timeout=1800)
-        if done.returncode == 0:
+    venv, built = folder / "venv", folder / "built"
+    done = subprocess.CompletedProcess(["setup.sh"], 0, "", "[step venv] kept: the code wanted is installed\n")
+    with open(folder / "lock", "a") as lock:
+        while True:
+            _lock(lock, fcntl.LOCK_SH)
+            if _ready(venv, src):
+                break
+            if folder in _HELD:   # waiting for ourselves would never end
+                raise RuntimeError(f"this process already runs {venv} with other code than {src}'s (untracked files "
+                                   "under workflows/ or validation/?): run the two in separate pytest processes")
+            if not _lock(lock, fcntl.LOCK_EX, block=False):   # not atomic: the shared lock is dropped first
+                print(f"[step venv] {venv} runs other code for another test run: waiting for its users to finish",
+                      file=sys.stderr, flush=True)
+                _lock(lock, fcntl.LOCK_EX)
+            if _ready(venv, src):
+                continue
+            if venv.exists() and not built.exists():   # a build that did not finish (killed, failed)
+                shutil.rmtree(venv)
+            (venv / ".pdops-setup" / "project").unlink(missing_ok=True)   # the code of `src`
+            env = {**os.environ, **setup_env, "PDOPS_VENV": str(venv), "PYTHON": sys.executable}
+            env.pop("PYTHONPATH", None)
+            done = subprocess.run(["nice", "-n", "19", "bash", str(src / "scripts" / "setup.sh")], env=env,
+                                  capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                break
             built.touch()
             _prune(root, folder)
-        yield venv, done
+        if built.exists():
+            built.touch()   # the most recently used (_prune keeps it)
+        _HELD.add(folder)
+        try:
+            yield venv, done
+        finally:
+            _HELD.discard(folder)
 
 
-def installed_code_differs(venv: Path) -> list[str]:
-    """The .py files of workflows/ and validation/ that differ between the venv's install and this checkout."""
+def installed_code_differs(venv: Path, src: Path = ROOT) -> list[str]:
+    """The files of workflows/ and validation/ the wheel carries (.py and package data) that differ between the
+    venv's install and `src`."""
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
                                 "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
+    package_data = tomllib.loads((src / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {}).get(
+        "package-data", {})
 
     def tree(base: Path) -> dict[str, bytes]:
-        return {str(p.relative_to(base)): p.read_bytes() for pkg in ("workflows", "validation")
-                for p in (base / pkg).rglob("*.py")}
-    mine, theirs = tree(ROOT), tree(site)
+        files = {p for pkg in ("workflows", "validation") for p in (base / pkg).rglob("*.py")}
+        files |= {p for pkg, globs in package_data.items() for g in globs for p in (base / pkg).glob(g)}
+        return {str(p.relative_to(base)): p.read_bytes() for p in files if p.is_file()}
+    mine, theirs = tree(src), tree(site)
     return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))

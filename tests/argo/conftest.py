@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.argo.pod import PodRunner
-from tests.conftest import ROOT, SCHEMAS
+from tests.argo.pod import PodRunner, dockerfile_image
+from tests.conftest import ROOT
 
 HERE = Path(__file__).parent
-_TIER = {"seconds": 0.0, "tests": 0}
+_TIER: dict = {"seconds": 0.0, "tests": 0}
+_RUNNERS: list[PodRunner] = []
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,6 +38,15 @@ def pytest_terminal_summary(terminalreporter):
         from tests.measure_lock import WAITED
         terminalreporter.write_line(f"argo execution tier: {_TIER['tests']} tests in {_TIER['seconds']:.1f} s "
                                     f"({WAITED['seconds']:.0f} s of it waiting for the measuring lock)")
+    if "venv" in _TIER:
+        terminalreporter.write_line(f"argo execution tier: step venv {_TIER['venv']}")
+    peaks: dict[str, int] = {}
+    for r in _RUNNERS:
+        for template, peak in r.peaks.items():
+            peaks[template] = max(peaks.get(template, 0), peak)
+    if peaks:   # pod.py's memory watcher: each template's largest pod, against its limit
+        terminalreporter.write_line("argo execution tier: peak RSS by template (MiB): " + ", ".join(
+            f"{t} {b / 2**20:.0f}" for t, b in sorted(peaks.items(), key=lambda kv: -kv[1])))
 
 
 def revision_under_test() -> str:
@@ -75,16 +85,35 @@ def image_src(argo_root, revision):
 
 
 @pytest.fixture(scope="session")
-def runner(argo_root, image_src):
-    # Every pod mounts its own emptyDir over /tmp (pod.py), which hides a venv under /tmp: the steps'
-    # `pdops` then fails with "python: not found" (seen: a clone in /tmp/alone). Say so once, up front.
-    for path in (Path(sys.executable), ROOT):
+def step_image(image_src):
+    """The step image's install: the Dockerfile's own install line (`bash scripts/setup.sh` with its PDOPS_SETUP_*
+    settings) from the revision under test, kept between runs (tests/step_venv.py: a cold build takes minutes;
+    the project is reinstalled only when its code differs), held with a shared lock for the session."""
+    from tests.step_venv import step_venv
+
+    env, _ = dockerfile_image(image_src / "Dockerfile")
+    started = time.monotonic()
+    with step_venv({k: v for k, v in env.items() if k.startswith("PDOPS_SETUP")}, src=image_src) as (venv, done):
+        if done.returncode != 0:
+            pytest.fail(f"the step image's install failed (scripts/setup.sh):\n{done.stderr[-3000:]}", pytrace=False)
+        _TIER["venv"] = f"{venv} ready in {time.monotonic() - started:.0f} s"
+        yield venv
+
+
+@pytest.fixture(scope="session")
+def runner(argo_root, image_src, step_image):
+    # Every pod mounts its own emptyDir over /tmp (pod.py), which hides what is under /tmp: the steps' `pdops`
+    # then fails with "python: not found" (seen: a clone in /tmp/alone). Say so once, up front.
+    for path in (step_image, Path(sys.base_prefix)):
         if Path("/tmp") in path.resolve().parents:
-            pytest.fail(f"the Argo tier cannot run from {path}: every pod mounts an emptyDir over /tmp, "
-                        "which hides it; clone the project outside /tmp (e.g. /var/tmp or $HOME)", pytrace=False)
+            pytest.fail(f"the Argo tier cannot run from {path}: every pod mounts an emptyDir over /tmp, which hides "
+                        "it; keep the step venv (PDOPS_STEP_VENV_CACHE) and Python outside /tmp", pytrace=False)
+
     def make(kubeconfig: Path | None = None, hosts: dict[str, str] | None = None) -> PodRunner:
-        return PodRunner(argo_root / "runner", python=sys.executable, image_src=image_src, kubeconfig=kubeconfig,
-                         hosts=hosts or {}, schema_dir=SCHEMAS, dockerfile=ROOT / "Dockerfile")
+        made = PodRunner(argo_root / "runner", venv=step_image, kubeconfig=kubeconfig, hosts=hosts or {},
+                         dockerfile=image_src / "Dockerfile")
+        _RUNNERS.append(made)
+        return made
     return make
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.argo.exprs import ExprError, NotEmulated, eval_expr
 from tests.argo.nodes import Clock, Node, parse_duration
-from tests.argo.pod import PodRunner, PodSpec
+from tests.argo.pod import PodRunner, PodSpec, Security, memory_bytes
 from tests.argo.spec import Arguments, Artifact, Template, WorkflowSpec
 from tests.argo.substitute import AbsentOptional, Scope, Unresolved, replace
 
@@ -235,7 +235,9 @@ class Controller:
                        out_params=[(p.name, p.valueFrom.path, p.valueFrom.default) for p in tmpl.outputs.parameters
                                    if p.valueFrom and p.valueFrom.path],
                        out_artifacts=[(a.name, a.path, bool(a.optional)) for a in tmpl.outputs.artifacts],
-                       deadline_s=deadline, deadline_message=message)
+                       deadline_s=deadline, deadline_message=message, template=tmpl.name,
+                       security=Security.of(self.spec.securityContext, c.securityContext),
+                       memory_limit=memory_bytes(((c.resources or {}).get("limits") or {}).get("memory")))
 
     def _checkout(self, a: Artifact) -> Path:
         """The git input artifact (workflow/artifacts/git): here `git archive REV` of a local repository."""

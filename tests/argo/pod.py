@@ -1,25 +1,50 @@
 """One step of a workflow run as a process on this machine, with the container's paths.
 
-What a pod is here (as root, in a private mount namespace: `unshare -m`):
+What a pod is here (set up as root in a private mount namespace, `unshare -m`, then run as the pod's user):
 - each `volumeMounts` entry is a host directory bind-mounted at its mountPath (an emptyDir per pod,
-  fresh and empty, so `/tmp` is the pod's own); an input artifact is placed where Argo's init
-  container puts it (workflow/executor/executor.go `loadArtifacts`): inside the volume that covers
-  its path, else on a bind mount of its own (the git checkout at /workspace/src);
+  fresh and empty, mode 0777 as the kubelet makes it, group fsGroup with setgid when the pod sets one:
+  pkg/volume/emptydir/empty_dir.go, pkg/volume/volume_linux.go SetVolumeOwnership, so `/tmp` is the
+  pod's own); an input artifact is placed where Argo's init container puts it (workflow/executor/
+  executor.go `loadArtifacts`): inside the volume that covers its path, else on a bind mount of its own
+  (the git checkout at /workspace/src), owned by the pod's user as the init container (same pod
+  securityContext) leaves it;
 - /etc/hosts maps the cluster's `*.svc.cluster.local` names to loopback addresses (cluster DNS), kept
   up to date while the pod runs;
-- the image is the Dockerfile's ENV and ENTRYPOINT with the pdops code of the image's revision on
-  PYTHONPATH (a `git archive` of it outside the pod's view), run by the test venv's Python; `pdops`
-  and `kubectl` are on PATH; KUBECONFIG points at the emulated API server and stands in for the
-  pod's ServiceAccount token (no RBAC is enforced): a kubeconfig of the pod's own whose token is
-  `pod:<pod name>`, as a bound token names its pod to the API server, whose write log
-  (tests/fakes/kube/server.py) so says which pod, and which workflow, wrote what;
+- the image: the Dockerfile's ENV, ENTRYPOINT and USER, and its install: the step venv that
+  tests/step_venv.py builds with the Dockerfile's own install line (`bash scripts/setup.sh` with its
+  PDOPS_SETUP_* settings: vllm, ray and the project of the revision under test, non-editable), mounted
+  read-only at the image's PDOPS_VENV (/opt/pdops/venv), so `pdops` and `kubectl` are the image's, first on
+  the image's PATH; the venv's interpreter is the base Python it was made from (the image's
+  python:3.11-slim is not replayed: tests/unit/test_step_image.py says what that leaves out);
+- the securityContext (pod's, then the container's over it: pkg/securitycontext DetermineEffectiveSecurityContext):
+  runAsUser/runAsGroup (else the Dockerfile's USER), fsGroup as a supplementary group, runAsNonRoot (a
+  root user fails the pod: kubelet kuberuntime verifyRunAsNonRoot), capabilities drop ALL (empty bounding
+  and inheritable sets), allowPrivilegeEscalation false (no_new_privs), readOnlyRootFilesystem (this
+  machine's mounts are read-only in the pod's namespace; volumes and /dev/shm stay writable). A host
+  folder the user could not enter (e.g. /root, 0700, holding the base Python and the venv cache; the
+  tier's 0700 temp folder holding the kubeconfig) is covered, in the pod's namespace only, by a folder
+  that holds just what the pod needs from it;
+- resources.limits.memory: a watcher sums the resident memory (RSS) of the pod's process tree every
+  MEMORY_SAMPLE_S and SIGKILLs the process group when it is over the limit: `OOMKilled`, exit 137, as the
+  kernel's cgroup OOM killer and the kubelet report it (the whole container goes: memory.oom.group, set by
+  the kubelet on cgroup v2 since Kubernetes 1.28). It differs from memory.max: page cache, tmpfs and
+  kernel memory are not counted (the cgroup charges them); a page shared by forked processes is counted
+  once per process (the cgroup charges it once); a peak shorter than the sampling interval is missed; a
+  process that leaves the tree (double fork) is not counted. Each pod's peak is in its `result` file and in
+  PodRunner.peaks (printed at the end of the tier);
+- KUBECONFIG points at the emulated API server and stands in for the pod's ServiceAccount token: a
+  kubeconfig of the pod's own whose token is `pod:<pod name>`, as a bound token names its pod to the API
+  server, whose write log (tests/fakes/kube/server.py) so says which pod, and which workflow, wrote what;
 - deadlines: the process group gets SIGTERM at the step's deadline and SIGKILL after GRACE_S (the
   kubelet's activeDeadlineSeconds, or the executor's ARGO_DEADLINE monitor, executor.go
   `monitorDeadline`); a fault can kill it too (as an OOM kill or node loss would);
 - outputs are read after the process ends whatever its exit code, as the wait container does
   (cmd/argoexec/commands/wait.go: SaveParameters, SaveArtifacts); a missing file without a default
   is an error of the wait container.
-Not emulated: image pulls, the securityContext (runs as root; root filesystem writable), resources.
+Not emulated: image pulls and the base image's filesystem (the pod sees this machine's, read-only), the
+ServiceAccount's RBAC (the emulated API server accepts every verb from every client: a step calling a
+verb the Role in workflows/argo/rbac.py lacks passes here), seccomp (RuntimeDefault), CPU requests and
+limits, emptyDir sizeLimit, the network (the pod shares the machine's).
 """
 from __future__ import annotations
 
@@ -34,10 +59,48 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import psutil
 import yaml
 
 GRACE_S = 2.0  # terminationGracePeriodSeconds is 30 s in a cluster; the steps here stop well within 2 s
+MEMORY_SAMPLE_S = 0.1
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def memory_bytes(quantity: str | int | None) -> int | None:
+    """A Kubernetes memory quantity in bytes (apimachinery resource.Quantity: binary and decimal suffixes)."""
+    if quantity is None:
+        return None
+    text = str(quantity)
+    for unit, factor in _UNITS.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(float(text))
+
+
+@dataclass
+class Security:
+    """The effective securityContext of the pod's container (None: the image's USER)."""
+    run_as_user: int | None = None
+    run_as_group: int | None = None
+    fs_group: int | None = None
+    run_as_non_root: bool = False
+    read_only_root: bool = False
+    no_new_privs: bool = False
+    drop_all_caps: bool = False
+
+    @classmethod
+    def of(cls, pod: dict[str, Any] | None, container: dict[str, Any] | None) -> Security:
+        """The container's fields over the pod's (DetermineEffectiveSecurityContext)."""
+        pod, container = pod or {}, container or {}
+        both = {**{k: v for k, v in pod.items() if k in ("runAsUser", "runAsGroup", "runAsNonRoot")}, **container}
+        return cls(run_as_user=both.get("runAsUser"), run_as_group=both.get("runAsGroup"),
+                   fs_group=pod.get("fsGroup"), run_as_non_root=bool(both.get("runAsNonRoot")),
+                   read_only_root=bool(container.get("readOnlyRootFilesystem")),
+                   no_new_privs=container.get("allowPrivilegeEscalation") is False,
+                   drop_all_caps="ALL" in ((container.get("capabilities") or {}).get("drop") or []))
 
 
 @dataclass
@@ -52,6 +115,9 @@ class PodSpec:
     out_artifacts: list[tuple[str, str, bool]]      # name, path, optional
     deadline_s: float | None
     deadline_message: str = "Pod was active on the node longer than the specified deadline"
+    template: str = ""
+    security: Security = field(default_factory=Security)
+    memory_limit: int | None = None            # bytes: resources.limits.memory
 
 
 @dataclass
@@ -63,6 +129,7 @@ class PodResult:
     artifacts: dict[str, Path] = field(default_factory=dict)
     log: str = ""
     seconds: float = 0.0
+    peak_rss: int = 0                           # bytes, the watcher's largest sample
 
 
 BASE_IMAGE_ENV = {"PATH": "/usr/local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}  # python:3.11-slim
@@ -84,22 +151,32 @@ def dockerfile_image(dockerfile: Path) -> tuple[dict[str, str], list[str]]:
     return env, entrypoint
 
 
+def dockerfile_user(dockerfile: Path) -> tuple[int, int]:
+    """The image's USER as uid, gid (numeric in the step image's Dockerfile; root when it sets none)."""
+    user = "0:0"
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("USER "):
+            user = line[5:].strip()
+    uid, _, gid = user.partition(":")
+    return int(uid), int(gid or uid)
+
+
 class PodRunner:
-    def __init__(self, root: Path, *, python: str, image_src: Path, kubeconfig: Path | None,
-                 hosts: dict[str, str] | Callable[[], str], schema_dir: Path, dockerfile: Path) -> None:
-        """`hosts`: name -> address, or a function giving /etc/hosts lines, called as each pod starts
+    def __init__(self, root: Path, *, venv: Path, kubeconfig: Path | None,
+                 hosts: dict[str, str] | Callable[[], str], dockerfile: Path) -> None:
+        """`venv`: the step image's install (tests/step_venv.py), mounted at the image's PDOPS_VENV.
+        `hosts`: name -> address, or a function giving /etc/hosts lines, called as each pod starts
         (a Service created by an earlier step is resolvable by the next)."""
         self.root = root
         self.image_env, self.entrypoint = dockerfile_image(dockerfile)
-        self.image_src, self.kubeconfig, self.schema_dir = image_src, kubeconfig, schema_dir
-        self.bin = root / "image-bin"
-        self.bin.mkdir(parents=True, exist_ok=True)
-        (self.bin / "pdops").write_text(f"#!/bin/sh\nexec {shlex.quote(python)} -P -m workflows.cli.main \"$@\"\n")
-        (self.bin / "pdops").chmod(0o755)
-        kubectl = Path(python).parent / "kubectl"
-        if kubectl.exists() and not (self.bin / "kubectl").exists():
-            (self.bin / "kubectl").symlink_to(kubectl)
+        self.image_user = dockerfile_user(dockerfile)
+        self.venv, self.kubeconfig = venv, kubeconfig
+        home = next((ln.split("=", 1)[1].strip() for ln in (venv / "pyvenv.cfg").read_text().splitlines()
+                     if ln.split("=", 1)[0].strip() == "home"), None)
+        self.base_python = Path(home).parent if home else None   # the venv's interpreter lives there
+        self.host_mounts = _host_mounts()
         self.hosts = hosts
+        self.peaks: dict[str, int] = {}   # template -> largest peak RSS of its pods (bytes)
         self._seq = 0
         self._lock = threading.Lock()
 
@@ -132,58 +209,98 @@ class PodRunner:
 
     def env(self, pod: PodSpec, kubeconfig: Path | None = None) -> dict[str, str]:
         env = {"HOSTNAME": pod.name[:63], **self.image_env}
-        env["PATH"] = f"{self.bin}:{env['PATH']}"  # `pdops` and `kubectl` of the image, standing in for its venv
-        env["PYTHONPATH"] = str(self.image_src)  # the pdops installed in the image (its revision)
         if self.kubeconfig is not None:
             env["KUBECONFIG"] = str(kubeconfig or self.kubeconfig)  # stands in for the ServiceAccount token
         env.update(pod.env)
         return env
 
+    def user(self, pod: PodSpec) -> tuple[int, int]:
+        uid, gid = self.image_user
+        sc = pod.security
+        return (uid if sc.run_as_user is None else sc.run_as_user,
+                gid if sc.run_as_group is None else sc.run_as_group)
+
     def run(self, pod: PodSpec, kill: threading.Event | None = None) -> PodResult:
         d = self._pod_dir(pod.name)
+        uid, gid = self.user(pod)
+        if pod.security.run_as_non_root and uid == 0:
+            result = PodResult(None, "Error", "main: CreateContainerConfigError: container has runAsNonRoot and "
+                               "image will run as root")
+            (d / "result").write_text(f"{result.phase} {result.message}\n")
+            return result
+        groups = [pod.security.fs_group] if pod.security.fs_group is not None else []
         host_of: dict[str, Path] = {}  # container mount point -> host path
         for path, src in pod.mounts.items():
             host_of[path] = src
-        if self.image_env.get("PDOPS_SCHEMA_DIR") == "/opt/pdops/schemas" and self.schema_dir.is_dir():
-            host_of["/opt/pdops/schemas"] = self.schema_dir  # COPY --from=schemas in the Dockerfile
+            src.chmod(0o777)   # the kubelet's emptyDir
+            if pod.security.fs_group is not None:
+                os.chown(src, -1, pod.security.fs_group)
+                src.chmod(0o2777)
+        host_of[self.image_env.get("PDOPS_VENV", "/opt/pdops/venv")] = self.venv
         for path, src in pod.inputs.items():  # the init container's artifact loading
             volume = _covering(path, pod.mounts)
             if volume is not None:
                 dest = pod.mounts[volume] / os.path.relpath(path, volume)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 (shutil.copytree if src.is_dir() else shutil.copy)(src, dest)
+                _chown_tree(dest, uid, gid)
             else:
                 host_of[path] = src
+                _chown_tree(src, uid, gid)   # a checkout shared by the run's pods, all of one user
         script = ["set -e", "mount --make-rprivate /"]
         for path in sorted(host_of, key=len):
             Path(path).mkdir(parents=True, exist_ok=True) if host_of[path].is_dir() else None
             script.append(f"mount --bind {shlex.quote(str(host_of[path]))} {shlex.quote(path)}")
         script.append(f"mount --bind {shlex.quote(str(self._hosts_file(d)))} /etc/hosts")
+        kubeconfig = _pod_kubeconfig(self.kubeconfig, pod.name, d)
+        needed = [p for p in (self.venv, self.base_python, kubeconfig) if p is not None]
+        covers, binds = _covers(needed, uid, [gid, *groups], d / "covers")
+        for path, inner in binds:
+            script.append(f"mount --bind {shlex.quote(str(path))} {shlex.quote(str(inner))}")
+        for folder, skeleton in covers:
+            script.append(f"mount --rbind {shlex.quote(str(skeleton))} {shlex.quote(str(folder))}")
+        if pod.security.read_only_root:
+            for mp in self.host_mounts:   # this machine's filesystems; the pod's own mounts are above them
+                script.append(f"mount -o remount,bind,ro {shlex.quote(mp)}" + ("" if mp == "/" else " || :"))
+            image = [p for p in host_of if host_of[p] == self.venv]   # the image's files, read-only too
+            for path in [*image, *(str(f) for f, _ in covers), *(str(p) for p, _ in binds)]:
+                script.append(f"mount -o remount,bind,ro {shlex.quote(path)}")
         script.append(f'cd {shlex.quote(pod.working_dir or "/")}')
-        script.append('exec "$@"')
+        user = ["setpriv", f"--reuid={uid}", f"--regid={gid}",
+                f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups"]
+        if pod.security.no_new_privs:
+            user.append("--no-new-privs")
+        if pod.security.drop_all_caps:
+            user += ["--inh-caps=-all", "--bounding-set=-all"]
+        script.append(f'exec {" ".join(user)} -- "$@"' if uid != 0 or pod.security.drop_all_caps else 'exec "$@"')
         log_path = d / "log"
-        env = self.env(pod, _pod_kubeconfig(self.kubeconfig, pod.name, d))
+        env = self.env(pod, kubeconfig)
         started = time.monotonic()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(["unshare", "-m", "sh", "-c", "\n".join(script), "pod", *pod.command],
                                     env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             threading.Thread(target=self._refresh_hosts, args=(d, proc), daemon=True).start()
-            killed = _watch(proc, pod.deadline_s, kill)
+            killed, peak = _watch(proc, pod.deadline_s, kill, pod.memory_limit)
         seconds = time.monotonic() - started
         log_text = log_path.read_text(errors="replace")
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode  # a signal, as the runtime reports it
         if killed == "deadline":
             phase, message = "Failed", pod.deadline_message
-        elif killed == "fault":
+        elif killed in ("fault", "memory"):
             phase, message = "Failed", f"main: OOMKilled (exit code {code if code is not None else 137})"
         elif code == 0:
             phase, message = "Succeeded", ""
         else:
             phase, message = "Failed", f"main: Error (exit code {code})"
-        result = PodResult(code, phase, message, log=log_text, seconds=seconds)
+        result = PodResult(code, phase, message, log=log_text, seconds=seconds, peak_rss=peak)
         self._collect(pod, result, d)
-        (d / "result").write_text(f"{result.phase} exit={code} {seconds:.1f}s {result.message}\n")
+        with self._lock:
+            key = pod.template or pod.name
+            self.peaks[key] = max(self.peaks.get(key, 0), peak)
+        limit = f" limit {pod.memory_limit / 2**20:.0f} MiB" if pod.memory_limit else ""
+        (d / "result").write_text(f"{result.phase} exit={code} {seconds:.1f}s peak RSS {peak / 2**20:.0f} MiB{limit}"
+                                  f" uid={uid} {result.message}\n")
         return result
 
     def _collect(self, pod: PodSpec, result: PodResult, d: Path) -> None:
@@ -241,19 +358,104 @@ def _host_path(path: str, mounts: dict[str, Path]) -> Path | None:
     return mounts[volume] / os.path.relpath(path, volume)
 
 
-def _watch(proc: subprocess.Popen, deadline_s: float | None, kill: threading.Event | None) -> str | None:
+def _host_mounts() -> list[str]:
+    """This machine's mount points but the kernel's (/proc, /sys, /dev: a container has its own) and /dev/shm
+    (writable in a pod), parents first: what readOnlyRootFilesystem makes read-only in the pod."""
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+        if not any(mp == k or mp.startswith(k + "/") for k in ("/proc", "/sys", "/dev")) and mp not in out:
+            out.append(mp)
+    return sorted(out, key=len)
+
+
+def _can_enter(path: Path, uid: int, gids: list[int]) -> bool:
+    if uid == 0:
+        return True
+    st = path.stat()
+    bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid in gids else 0o001
+    return bool(st.st_mode & bit)
+
+
+def _covers(needed: list[Path], uid: int, gids: list[int], where: Path
+            ) -> tuple[list[tuple[Path, Path]], list[tuple[Path, Path]]]:
+    """For each outermost folder the pod's user cannot enter on the way to a path it needs: (folder, skeleton),
+    a skeleton folder (0755) to mount over it, and (path, place in the skeleton) to bind-mount before that."""
+    blocked: dict[Path, list[Path]] = {}
+    for path in needed:
+        for folder in reversed(path.parents):   # "/" first
+            if not _can_enter(folder, uid, gids):
+                blocked.setdefault(folder, []).append(path)
+                break
+    if any(other in folder.parents for folder in blocked for other in blocked):
+        raise NotImplementedError(f"nested folders the pod's user cannot enter: {sorted(blocked)}")
+    covers, binds = [], []
+    for i, (folder, paths) in enumerate(sorted(blocked.items())):
+        skeleton = where / str(i)
+        skeleton.mkdir(parents=True)
+        skeleton.chmod(0o755)
+        for path in paths:
+            inner = skeleton / path.relative_to(folder)
+            for parent in reversed(inner.parents):
+                if parent.is_relative_to(skeleton) and not parent.exists():
+                    parent.mkdir(mode=0o755)
+            inner.mkdir(mode=0o755, exist_ok=True) if path.is_dir() else inner.touch(mode=0o644)
+            binds.append((path, inner))
+        covers.append((folder, skeleton))
+    # a folder holding the skeletons is covered last (its skeletons would be hidden by then)
+    return sorted(covers, key=lambda c: where.is_relative_to(c[0])), binds
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    if uid == 0 or (path.stat().st_uid, path.stat().st_gid) == (uid, gid):
+        return
+    for p in [path, *(path.rglob("*") if path.is_dir() else [])]:
+        os.chown(p, uid, gid, follow_symlinks=False)
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+def _watch(proc: subprocess.Popen, deadline_s: float | None, kill: threading.Event | None,
+           memory_limit: int | None) -> tuple[str | None, int]:
+    """(why it was stopped or None, the peak RSS of its process tree)."""
     start = time.monotonic()
+    try:
+        tree: psutil.Process | None = psutil.Process(proc.pid)
+    except psutil.NoSuchProcess:   # ended already
+        tree = None
+    peak, next_sample = 0, start
     while proc.poll() is None:
         reason = None
-        if deadline_s is not None and time.monotonic() - start >= deadline_s:
+        now = time.monotonic()
+        if tree is not None and now >= next_sample:
+            next_sample = now + MEMORY_SAMPLE_S
+            rss = _tree_rss(tree)
+            peak = max(peak, rss)
+            if memory_limit is not None and rss > memory_limit:
+                reason = "memory"
+        if reason is not None:
+            pass
+        elif deadline_s is not None and now - start >= deadline_s:
             reason = "deadline"
         elif kill is not None and kill.is_set():
             reason = "fault"
         if reason:
             _stop(proc, signal.SIGTERM if reason == "deadline" else signal.SIGKILL)
-            return reason
+            return reason, peak
         time.sleep(0.05)
-    return None
+    return None, peak
 
 
 def _stop(proc: subprocess.Popen, sig: int) -> None:

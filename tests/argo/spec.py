@@ -3,8 +3,8 @@ YAML uses that is not declared here raises at load, so a new Argo feature cannot
 
 Fields are of three kinds:
 - emulated (the engine acts on them; see engine.py / pod.py for the upstream function of each);
-- ACCEPTED_NOT_EMULATED: declared so the committed YAML loads, listed in docs/argo.md as not emulated
-  (pod placement, security context, resources, garbage collection): the engine records them;
+- ACCEPTED_NOT_EMULATED: declared so the committed YAML loads, listed in docs/argo.md as not (fully)
+  emulated (images, security context and resources as far as pod.py goes, RBAC, garbage collection);
 - anything else: ValidationError naming the field.
 Field names and shapes follow pkg/apis/workflow/v1alpha1/workflow_types.go (v4.0.10).
 """
@@ -15,10 +15,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 ACCEPTED_NOT_EMULATED = {
-    "container.image": "no images here: the step runs from the git checkout with the test venv's Python",
-    "container.resources": "no kubelet: requests/limits are not enforced",
-    "container.securityContext": "no container runtime: runs as root, root filesystem writable",
-    "spec.securityContext": "runAsUser/fsGroup/seccomp are not applied",
+    "container.image": "no images here: every container runs the step image's install (pod.py)",
+    "container.resources": "limits.memory is enforced by a watcher of RSS (pod.py); cpu and requests are not",
+    "container.securityContext": "applied but seccomp (pod.py: user, capabilities, no_new_privs, read-only root)",
+    "spec.securityContext": "runAsUser/runAsGroup/runAsNonRoot/fsGroup applied (pod.py); seccomp is not",
     "spec.serviceAccountName": "the step's KUBECONFIG stands in for the ServiceAccount token (RBAC not enforced)",
     "spec.podGC": "no pods to collect",
     "spec.ttlStrategy": "no Workflow objects to delete",

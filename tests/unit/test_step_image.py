@@ -3,7 +3,7 @@
 No Docker engine runs here, so the image's install is replayed instead: the Dockerfile installs only
 by `bash scripts/setup.sh` with the environment it sets (pinned below), so this test runs the same
 script with that environment into a virtualenv (kept between runs while setup.sh, the Dockerfile and
-pyproject.toml are unchanged, with this checkout's code installed again every run: tests/step_venv.py)
+pyproject.toml are unchanged, with this checkout's code installed again when it differs: tests/step_venv.py)
 and then runs the first steps' real commands in it (`pdops render` and `pdops check` of a GPU
 overlay, which died with "Neither vLLM nor SGLang is installed" when the image had Ray without vLLM)
 and every other subcommand the committed workflows call, with --help. What is not replayed: the base
