@@ -109,9 +109,10 @@ def runner(argo_root, image_src, step_image):
             pytest.fail(f"the Argo tier cannot run from {path}: every pod mounts an emptyDir over /tmp, which hides "
                         "it; keep the step venv (PDOPS_STEP_VENV_CACHE) and Python outside /tmp", pytrace=False)
 
-    def make(kubeconfig: Path | None = None, hosts: dict[str, str] | None = None) -> PodRunner:
+    def make(kubeconfig: Path | None = None, hosts: dict[str, str] | None = None,
+             tokens: dict[str, str] | None = None) -> PodRunner:
         made = PodRunner(argo_root / "runner", venv=step_image, kubeconfig=kubeconfig, hosts=hosts or {},
-                         dockerfile=image_src / "Dockerfile")
+                         dockerfile=image_src / "Dockerfile", tokens=tokens)
         _RUNNERS.append(made)
         return made
     return make

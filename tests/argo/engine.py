@@ -237,7 +237,9 @@ class Controller:
                        out_artifacts=[(a.name, a.path, bool(a.optional)) for a in tmpl.outputs.artifacts],
                        deadline_s=deadline, deadline_message=message, template=tmpl.name,
                        security=Security.of(self.spec.securityContext, c.securityContext),
-                       memory_limit=memory_bytes(((c.resources or {}).get("limits") or {}).get("memory")))
+                       memory_limit=memory_bytes(((c.resources or {}).get("limits") or {}).get("memory")),
+                       service_account=f"system:serviceaccount:{self.globals.get('workflow.namespace', '')}:"
+                                       f"{self.spec.serviceAccountName}" if self.spec.serviceAccountName else None)
 
     def _checkout(self, a: Artifact) -> Path:
         """The git input artifact (workflow/artifacts/git): here `git archive REV` of a local repository."""

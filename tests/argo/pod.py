@@ -35,6 +35,10 @@ What a pod is here (set up as root in a private mount namespace, `unshare -m`, t
 - KUBECONFIG points at the emulated API server and stands in for the pod's ServiceAccount token: a
   kubeconfig of the pod's own whose token is `pod:<pod name>`, as a bound token names its pod to the API
   server, whose write log (tests/fakes/kube/server.py) so says which pod, and which workflow, wrote what;
+  with `tokens` (the emulated API server's Rbac.tokens, as the pipeline's test cluster enforces RBAC) that
+  token is entered as the pod's serviceAccountName, so the API server authorizes the pod's requests against
+  the committed Roles and RoleBindings (kustomize/argo/rbac.yaml, from workflows/argo/rbac.py): a verb the
+  Role lacks is answered 403 Forbidden, as in a cluster;
 - deadlines: the process group gets SIGTERM at the step's deadline and SIGKILL after GRACE_S (the
   kubelet's activeDeadlineSeconds, or the executor's ARGO_DEADLINE monitor, executor.go
   `monitorDeadline`); a fault can kill it too (as an OOM kill or node loss would);
@@ -42,9 +46,9 @@ What a pod is here (set up as root in a private mount namespace, `unshare -m`, t
   (cmd/argoexec/commands/wait.go: SaveParameters, SaveArtifacts); a missing file without a default
   is an error of the wait container.
 Not emulated: image pulls and the base image's filesystem (the pod sees this machine's, read-only), the
-ServiceAccount's RBAC (the emulated API server accepts every verb from every client: a step calling a
-verb the Role in workflows/argo/rbac.py lacks passes here), seccomp (RuntimeDefault), CPU requests and
-limits, emptyDir sizeLimit, the network (the pod shares the machine's).
+executor's own RBAC (pd-release-executor: no wait container writes workflowtaskresults here), ClusterRoles,
+seccomp (RuntimeDefault), CPU requests and limits, emptyDir sizeLimit, the network (the pod shares the
+machine's).
 """
 from __future__ import annotations
 
@@ -118,6 +122,7 @@ class PodSpec:
     template: str = ""
     security: Security = field(default_factory=Security)
     memory_limit: int | None = None            # bytes: resources.limits.memory
+    service_account: str | None = None         # system:serviceaccount:<workflow namespace>:<serviceAccountName>
 
 
 @dataclass
@@ -163,14 +168,17 @@ def dockerfile_user(dockerfile: Path) -> tuple[int, int]:
 
 class PodRunner:
     def __init__(self, root: Path, *, venv: Path, kubeconfig: Path | None,
-                 hosts: dict[str, str] | Callable[[], str], dockerfile: Path) -> None:
+                 hosts: dict[str, str] | Callable[[], str], dockerfile: Path,
+                 tokens: dict[str, str] | None = None) -> None:
         """`venv`: the step image's install (tests/step_venv.py), mounted at the image's PDOPS_VENV.
         `hosts`: name -> address, or a function giving /etc/hosts lines, called as each pod starts
-        (a Service created by an earlier step is resolvable by the next)."""
+        (a Service created by an earlier step is resolvable by the next). `tokens`: the API server's
+        token -> ServiceAccount table (TestCluster.enforce_rbac), where a pod with a serviceAccountName enters
+        its own token as it starts; None: no RBAC."""
         self.root = root
         self.image_env, self.entrypoint = dockerfile_image(dockerfile)
         self.image_user = dockerfile_user(dockerfile)
-        self.venv, self.kubeconfig = venv, kubeconfig
+        self.venv, self.kubeconfig, self.tokens = venv, kubeconfig, tokens
         home = next((ln.split("=", 1)[1].strip() for ln in (venv / "pyvenv.cfg").read_text().splitlines()
                      if ln.split("=", 1)[0].strip() == "home"), None)
         self.base_python = Path(home).parent if home else None   # the venv's interpreter lives there
@@ -247,16 +255,18 @@ class PodRunner:
             else:
                 host_of[path] = src
                 _chown_tree(src, uid, gid)   # a checkout shared by the run's pods, all of one user
+        kubeconfig = _pod_kubeconfig(self.kubeconfig, pod.name, d)
+        if kubeconfig is not None and self.tokens is not None and pod.service_account:
+            self.tokens[f"pod:{pod.name}"] = pod.service_account   # the bound token's ServiceAccount
         script = ["set -e", "mount --make-rprivate /"]
+        needed = [p for p in (self.venv, self.base_python, kubeconfig) if p is not None]
+        covers, binds = _covers(needed, uid, [gid, *groups], d / "covers")
+        for path, inner in binds:   # first: a volume mounted next may hide the path
+            script.append(f"mount --bind {shlex.quote(str(path))} {shlex.quote(str(inner))}")
         for path in sorted(host_of, key=len):
             Path(path).mkdir(parents=True, exist_ok=True) if host_of[path].is_dir() else None
             script.append(f"mount --bind {shlex.quote(str(host_of[path]))} {shlex.quote(path)}")
         script.append(f"mount --bind {shlex.quote(str(self._hosts_file(d)))} /etc/hosts")
-        kubeconfig = _pod_kubeconfig(self.kubeconfig, pod.name, d)
-        needed = [p for p in (self.venv, self.base_python, kubeconfig) if p is not None]
-        covers, binds = _covers(needed, uid, [gid, *groups], d / "covers")
-        for path, inner in binds:
-            script.append(f"mount --bind {shlex.quote(str(path))} {shlex.quote(str(inner))}")
         for folder, skeleton in covers:
             script.append(f"mount --rbind {shlex.quote(str(skeleton))} {shlex.quote(str(folder))}")
         if pod.security.read_only_root:

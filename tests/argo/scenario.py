@@ -95,7 +95,11 @@ class PipelineCluster:
     def __init__(self, root: Path, runner_factory, revision: str) -> None:
         self.revision, self._closed = revision, False
         self.cluster = start_cluster(kubeconfig=root / "kubeconfig", nodes=overlay_nodes())
-        self.runner: PodRunner = runner_factory(kubeconfig=self.cluster.kubeconfig, hosts=self.cluster.hosts)
+        # The steps' ServiceAccount holds only what the committed Roles grant (server.py Rbac): a verb the
+        # pipeline calls and the Role lacks fails here as it would in the cluster.
+        rbac = [d for d in yaml.safe_load_all((ARGO / "rbac.yaml").read_text()) if d]
+        self.runner: PodRunner = runner_factory(kubeconfig=self.cluster.kubeconfig, hosts=self.cluster.hosts,
+                                                tokens=self.cluster.enforce_rbac(rbac).tokens)
         self.work = root / "runs"
 
     @staticmethod

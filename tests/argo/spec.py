@@ -4,7 +4,7 @@ YAML uses that is not declared here raises at load, so a new Argo feature cannot
 Fields are of three kinds:
 - emulated (the engine acts on them; see engine.py / pod.py for the upstream function of each);
 - ACCEPTED_NOT_EMULATED: declared so the committed YAML loads, listed in docs/argo.md as not (fully)
-  emulated (images, security context and resources as far as pod.py goes, RBAC, garbage collection);
+  emulated (images, security context, resources and RBAC as far as pod.py goes, garbage collection);
 - anything else: ValidationError naming the field.
 Field names and shapes follow pkg/apis/workflow/v1alpha1/workflow_types.go (v4.0.10).
 """
@@ -19,7 +19,7 @@ ACCEPTED_NOT_EMULATED = {
     "container.resources": "limits.memory is enforced by a watcher of RSS (pod.py); cpu and requests are not",
     "container.securityContext": "applied but seccomp (pod.py: user, capabilities, no_new_privs, read-only root)",
     "spec.securityContext": "runAsUser/runAsGroup/runAsNonRoot/fsGroup applied (pod.py); seccomp is not",
-    "spec.serviceAccountName": "the step's KUBECONFIG stands in for the ServiceAccount token (RBAC not enforced)",
+    "spec.serviceAccountName": "the step's KUBECONFIG carries its token; RBAC enforced where the cluster does (pod.py)",
     "spec.podGC": "no pods to collect",
     "spec.ttlStrategy": "no Workflow objects to delete",
     "volumes.emptyDir.sizeLimit": "the emptyDir is a host directory without a size limit",

@@ -52,7 +52,12 @@ RUN = "/tmp/run"                # validate's run folder (compat, bench, report),
 RUN_AS_USER = 10001              # matches the Dockerfile's user
 # Every step but validate: `pdops render overlays/prod` peaks at ~720 MiB (717 measured) with the cold cache a step pod
 # always has (scripts/step_memory.py; docs/measurements.md), so 1 GiB leaves ~30 % headroom (512 Mi: OOM-killed).
+# The Argo tier enforces it (tests/argo/pod.py's RSS watcher, as uid 10001 in the step image's install) and
+# measured on 2026-12-06 (overlays/dev): check 705 MiB, rollout 719 MiB, promote/rollback/lock/unlock under 90 MiB.
 STEP_MEMORY = "1Gi"
+# validate and validate-stable: the Argo tier's watcher measured 1204 MiB (overlays/dev, 2026-12-06): 2 GiB leaves
+# ~40 % headroom for a longer load's reports.
+VALIDATE_MEMORY = "2Gi"
 P = "{{workflow.parameters.%s}}"
 OVERLAY = "overlays/" + P % "environment"
 ENV_NS = "llm-" + P % "environment"   # overlays/<env> use namespace llm-<env> (names.ENV_NAMESPACES)
@@ -305,7 +310,7 @@ def build_release(image: str = STEP_IMAGE):
         rollout = _step("rollout", ["rollout", *target, "--revision", P % "revision", dry, "--outputs", OUT],
                         outputs=_outcome("failed", "rollout did not finish: see the rollout step's log"))
         validate = _step("validate", ["validate", *target, "--slot", "candidate", "--out", RUN, "--outputs", OUT],
-                         cpu="1", memory="2Gi", api_key=True,
+                         cpu="1", memory=VALIDATE_MEMORY, api_key=True,
                          outputs=_outcome("failed", "validation did not finish: see the validate step's log", True)
                          + [Artifact(name="run", path=RUN, optional=True)])
         promote = _step("promote", ["promote", *target, dry, "--report", "/tmp/in/run"], inputs=[_run_artifact(False)])
@@ -374,7 +379,7 @@ def build_canary(image: str = STEP_IMAGE):
         **_run_spec(params, CANARY_DEADLINE, "pd_canary"),
     ) as cw:
         validate = _step("validate-stable", ["validate", *target, "--slot", "stable", "--out", RUN, "--outputs", OUT],
-                         cpu="1", memory="2Gi", api_key=True,
+                         cpu="1", memory=VALIDATE_MEMORY, api_key=True,
                          outputs=_outcome("failed", "validation did not finish: see the validate step's log", True)
                          + [Artifact(name="run", path=RUN, optional=True)])
         # The stable release itself regressed: restore the good release before it.

@@ -7,7 +7,9 @@ subprocesses such as `pdops` steps run by the Argo execution tier can use it wit
     from tests.fakes.kube import start_cluster
     cluster = start_cluster(kubeconfig="/tmp/kubeconfig")   # or None: a temporary file
     cluster.kubeconfig          # Path; export KUBECONFIG=... for subprocesses
-    cluster.url                 # http://127.0.0.1:PORT (no auth; the token is ignored)
+    cluster.url                 # http://127.0.0.1:PORT (no auth; the token is ignored, but see below)
+    cluster.enforce_rbac(roles_and_bindings).tokens["pod:x"] = "system:serviceaccount:pdops:pd-release"
+                                # that token is then that ServiceAccount, authorized by RBAC (server.py Rbac)
     cluster.kuberay.behaviour["green"] = "fail"     # ok | fail | stuck | invalid | head_unhealthy
     cluster.hosts()             # "<clusterIP> pd-llm-blue-serve-svc.llm-dev.svc.cluster.local ...\n" for /etc/hosts
     cluster.resolve(url)        # a *.svc.cluster.local URL with the Service's clusterIP

@@ -15,7 +15,7 @@ import yaml
 
 from tests.fakes.kube.kuberay import FakeKubeRay
 from tests.fakes.kube.network import Network
-from tests.fakes.kube.server import ApiServer, Request
+from tests.fakes.kube.server import ApiServer, Rbac, Request
 from tests.fakes.kube.store import BY_KIND, RESOURCES, Store
 
 DEFAULT_NAMESPACES = ("default", "pdops", "pdops-local", "llm-dev", "llm-staging", "llm-prod")
@@ -74,6 +74,12 @@ class TestCluster:
             "clusters": [{"name": "test", "cluster": {"server": self.url}}],
             "users": [{"name": "test", "user": {"token": "test-token"}}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
+
+    def enforce_rbac(self, objects: list[dict]) -> Rbac:
+        """RBAC from `objects` (Roles, RoleBindings) for the tokens entered in the returned Rbac's `tokens` (a step
+        pod's, by tests/argo/pod.py). Clients with any other token may still do everything."""
+        self.api.rbac = Rbac.of(objects)
+        return self.api.rbac
 
     def add_node(self, node: dict) -> dict:
         """A Node as the kubelet registers it (status included)."""

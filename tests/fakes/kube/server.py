@@ -7,6 +7,11 @@ paths), POST, PUT, PATCH (merge-patch, strategic-merge taken as merge, json-patc
 DELETE (DeleteOptions preconditions, `dryRun` in the query or the body). `watch=true` is refused
 (400): pdops polls. Unknown resources answer 404 like an API server without the CRD.
 
+RBAC, when `ApiServer.rbac` is set (TestCluster.enforce_rbac: the committed Roles and RoleBindings): a request
+whose bearer token authenticates as a ServiceAccount (`Rbac.tokens`: a step pod's, entered as the pod starts)
+is authorized as kube-apiserver's RBAC authorizer does; any other token (the tests' own clients, the emulated
+controllers) may do everything.
+
 Fault injection for tests: `faults.forbidden` (plurals answered 403), `faults.failing`
 ({plural: n}: the next n writes answer 500 "etcdserver: request timed out"), `faults.before_write`
 (callables run before each write, to interleave another writer), `faults.write` (a `WriteFault`:
@@ -47,6 +52,63 @@ class Request:
     at: float = 0.0         # time.monotonic() when it was served
     status: int = 0         # what the client was answered
     stored: bool = False    # a write the store committed (not a dry run; a 504 `timeout` fault still stores)
+    account: str = ""       # with RBAC enforced: the ServiceAccount the token authenticated as (Rbac.tokens)
+
+
+def _verb(req: Request, name: str) -> str:
+    """The request's RBAC verb (apiserver/pkg/endpoints/request/requestinfo.go NewRequestInfo)."""
+    if req.method == "GET":
+        return "get" if name else ("watch" if req.params.get("watch") in ("true", "1") else "list")
+    if req.method == "DELETE":
+        return "delete" if name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(req.method, req.method.lower())
+
+
+@dataclass
+class Rbac:
+    """kube-apiserver's RBAC authorizer (plugin/pkg/auth/authorizer/rbac/rbac.go RulesAllow -> RuleAllows: a
+    rule allows when its verbs, apiGroups and resources, "resource/subresource" for a subresource, each hold the
+    request's or "*"; resourceNames limit it to those names) for the ServiceAccounts of `tokens`, with the rules of
+    the Roles their RoleBindings bind in each namespace (ClusterRoles and their bindings: none are committed).
+    `tokens` is the authenticator's table: a step pod's token (`pod:<name>`) is entered as the pod starts
+    (tests/argo/pod.py), as the ServiceAccount its bound token's claims name (pkg/serviceaccount/claims.go)."""
+    rules: dict[tuple[str, str], list[dict[str, Any]]]   # (user, namespace) -> rules
+    tokens: dict[str, str] = field(default_factory=dict)  # bearer token -> ServiceAccount user
+    denied: list[tuple[str, str, str, str]] = field(default_factory=list)   # user, verb, resource, namespace
+
+    @classmethod
+    def of(cls, objects: list[dict[str, Any]]) -> Rbac:
+        roles = {(o["metadata"]["namespace"], o["metadata"]["name"]): o.get("rules") or []
+                 for o in objects if o.get("kind") == "Role"}
+        rules: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for b in (o for o in objects if o.get("kind") == "RoleBinding"):
+            ns, ref = b["metadata"]["namespace"], b["roleRef"]
+            if ref.get("kind") != "Role":
+                raise NotImplementedError(f"RoleBinding {ns}/{b['metadata']['name']}: only Roles are emulated")
+            for sub in b.get("subjects") or []:
+                if sub.get("kind") == "ServiceAccount":
+                    user = f"system:serviceaccount:{sub.get('namespace') or ns}:{sub['name']}"
+                    rules.setdefault((user, ns), []).extend(roles.get((ns, ref["name"]), []))
+        return cls(rules)
+
+    def check(self, req: Request, res: Resource, ns: str | None, name: str, sub: str) -> None:
+        """Raises 403 Forbidden as the API server words it (responsewriters/errors.go forbiddenMessage and
+        apimachinery errors.NewForbidden) when the request's ServiceAccount may not do it."""
+        if not req.account:
+            return
+        verb, resource = _verb(req, name), res.plural + (f"/{sub}" if sub else "")
+        for rule in self.rules.get((req.user, ns or ""), []) if ns else []:
+            if (any(v in (verb, "*") for v in rule.get("verbs") or [])
+                    and any(g in (res.group, "*") for g in rule.get("apiGroups") or [])
+                    and any(r in (resource, "*") for r in rule.get("resources") or [])
+                    and (not rule.get("resourceNames") or name in rule["resourceNames"])):
+                return
+        self.denied.append((req.account, verb, resource, ns or ""))
+        where = f'in the namespace "{ns}"' if ns else "at the cluster scope"
+        qualified = res.plural + (f".{res.group}" if res.group else "")
+        subject = f'{qualified} "{name}"' if name else qualified
+        raise ApiError(403, "Forbidden", f'{subject} is forbidden: User "{req.account}" cannot {verb} resource '
+                       f'"{resource}" in API group "{res.group}" {where}')
 
 
 FAULT_KINDS = ("500", "409", "timeout", "kill")
@@ -201,6 +263,7 @@ def json_patch(target: dict, ops: list[dict]) -> dict:
 class ApiServer:
     def __init__(self, store: Store) -> None:
         self.store, self.faults, self.requests = store, Faults(), []
+        self.rbac: Rbac | None = None
         self.app = aiohttp.web.Application(client_max_size=3 * 1024 * 1024)  # apiserver's MaxRequestBodyBytes
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
 
@@ -212,8 +275,13 @@ class ApiServer:
             return _error(ApiError(400, "BadRequest", f"cannot decode the body: {exc}"))
         req = Request(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""), body,
                       user=request.headers.get("Authorization", "").removeprefix("Bearer "), at=time.monotonic())
+        if self.rbac is not None:
+            req.account = self.rbac.tokens.get(req.user, "")
         self.requests.append(req)
         try:
+            if self.rbac is not None:
+                res, ns, name, sub = self._route(req.path)
+                self.rbac.check(req, res, ns, name, sub)
             fault = self.faults.write
             hit = fault is not None and fault.counts(req, self._plural(req.path)) and fault.before(req)
             answer = self.serve(req, request.content_type or "")

@@ -1,18 +1,23 @@
-"""The pod's securityContext and memory limit as pod.py applies them, on small hand-written templates.
+"""The pod's image, securityContext, memory limit and ServiceAccount as pod.py applies them, on small templates.
 
 Kubernetes semantics cited: the effective securityContext (pkg/securitycontext DetermineEffectiveSecurityContext),
 the kubelet's runAsNonRoot check (pkg/kubelet/kuberuntime verifyRunAsNonRoot), the cgroup OOM kill reported as
-`OOMKilled` with exit code 137 (the container runtime's reason, Argo's node message `main: OOMKilled`).
+`OOMKilled` with exit code 137 (the container runtime's reason, Argo's node message `main: OOMKilled`), RBAC
+(plugin/pkg/auth/authorizer/rbac RuleAllows; the 403 worded as apiserver responsewriters forbiddenMessage).
 """
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 import yaml
 
 from tests.argo.spec import WorkflowSpec
 from tests.argo.workflow import run_workflow
+from tests.conftest import ROOT
+from tests.fakes.kube import start_cluster
+from workflows.names import SERVICE_ACCOUNT, WORKFLOW_NAMESPACE
 
 SECURE = """
 securityContext: {{runAsNonRoot: true, runAsUser: 10001, runAsGroup: 10001, fsGroup: 10001}}
@@ -86,3 +91,47 @@ def test_under_its_memory_limit_the_step_succeeds_and_its_peak_is_measured(run):
     node, peak, r = run(spec('python3 -c "b = chr(120) * (150 * 2**20); import time; time.sleep(1)"', memory="400Mi"))
     assert node.phase == "Succeeded", r.describe()
     assert 150 * 2**20 < peak < 400 * 2**20
+
+
+CALLS = """
+import json
+from kubernetes import client, config
+config.load_kube_config()
+core, custom = client.CoreV1Api(), client.CustomObjectsApi()
+out = {}
+for what, call in [("list rayservices", lambda: custom.list_namespaced_custom_object("ray.io", "v1", "llm-dev",
+                                                                                      "rayservices")),
+                   ("list nodes", core.list_node),
+                   ("delete a service", lambda: core.delete_namespaced_service("x", "llm-dev")),
+                   ("list configmaps in pdops", lambda: core.list_namespaced_config_map("pdops"))]:
+    try:
+        call()
+        out[what] = 200
+    except client.ApiException as exc:
+        out[what] = exc.status
+        if what == "list nodes":
+            out["message"] = json.loads(exc.body)["message"]
+open("/tmp/out", "w").write(json.dumps(out))
+"""
+
+
+def test_the_service_account_holds_only_what_the_committed_role_grants(runner, argo_root):
+    folder = argo_root / "rbac"   # not under /tmp: every pod mounts its emptyDir there
+    folder.mkdir()
+    cluster = start_cluster(kubeconfig=folder / "kubeconfig")
+    try:
+        rbac = [d for d in yaml.safe_load_all((ROOT / "kustomize" / "argo" / "rbac.yaml").read_text()) if d]
+        s = spec(f"python3 -c {shlex.quote(CALLS)}").model_copy(update={"serviceAccountName": SERVICE_ACCOUNT})
+        pods = runner(kubeconfig=cluster.kubeconfig, tokens=cluster.enforce_rbac(rbac).tokens)
+        r = run_workflow(s, pods, work=folder / "wf", namespace=WORKFLOW_NAMESPACE)
+        node = r.nodes[r.name]
+        assert node.phase == "Succeeded", r.describe()
+        got = json.loads(node.params["out"])
+        assert got.pop("message") == ('nodes is forbidden: User "system:serviceaccount:pdops:pd-release" cannot list '
+                                      'resource "nodes" in API group "" at the cluster scope')
+        assert got == {"list rayservices": 200, "list nodes": 403, "delete a service": 403,
+                       "list configmaps in pdops": 403}
+        assert (f"system:serviceaccount:{WORKFLOW_NAMESPACE}:{SERVICE_ACCOUNT}", "delete", "services", "llm-dev") in \
+            cluster.api.rbac.denied
+    finally:
+        cluster.close()
