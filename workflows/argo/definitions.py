@@ -53,9 +53,10 @@ RUN_AS_USER = 10001              # matches the Dockerfile's user
 # Every step but validate: `pdops render overlays/prod` peaks at ~720 MiB (717 measured) with the cold cache a step pod
 # always has (scripts/step_memory.py; docs/measurements.md), so 1 GiB leaves ~30 % headroom (512 Mi: OOM-killed).
 # The Argo tier enforces it (tests/argo/pod.py's RSS watcher, as uid 10001 in the step image's install) and
-# measured on 2026-12-06 (overlays/dev): check 705 MiB, rollout 719 MiB, promote/rollback/lock/unlock under 90 MiB.
+# measured on 2026-12-06 (overlays/dev, 55 tests): check 717 MiB, rollout 719 MiB, promote/rollback/lock/unlock under
+# 90 MiB.
 STEP_MEMORY = "1Gi"
-# validate and validate-stable: the Argo tier's watcher measured 1204 MiB (overlays/dev, 2026-12-06): 2 GiB leaves
+# validate and validate-stable: the Argo tier's watcher measured 1207 MiB (overlays/dev, 2026-12-06): 2 GiB leaves
 # ~40 % headroom for a longer load's reports.
 VALIDATE_MEMORY = "2Gi"
 P = "{{workflow.parameters.%s}}"
