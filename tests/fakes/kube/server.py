@@ -97,7 +97,7 @@ class Rbac:
         if not req.account:
             return
         verb, resource = _verb(req, name), res.plural + (f"/{sub}" if sub else "")
-        for rule in self.rules.get((req.user, ns or ""), []) if ns else []:
+        for rule in self.rules.get((req.account, ns or ""), []) if ns else []:
             if (any(v in (verb, "*") for v in rule.get("verbs") or [])
                     and any(g in (res.group, "*") for g in rule.get("apiGroups") or [])
                     and any(r in (resource, "*") for r in rule.get("resources") or [])
