@@ -34,8 +34,9 @@ test: setup
 test-argo: setup
 	.venv/bin/python -m pytest -q tests/argo
 
+# Unit + integration in 3 worker processes (pytest-xdist; pyproject.toml says why), a test file per worker.
 test-rest: setup
-	.venv/bin/python -m pytest -q tests/unit tests/integration
+	.venv/bin/python -m pytest -q -n 3 --dist loadfile tests/unit tests/integration
 
 # CI's order (.ci/run): the Argo tier in one process; the e2e release tests then unit + integration in the
 # other. The Argo tier's pipeline runs and the e2e session both gate on the client's health, so they hold
