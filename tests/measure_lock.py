@@ -1,9 +1,10 @@
 """One latency-gated measurement at a time on this machine, across test processes.
 
-Two tiers run the product's validation with its client-health gate on (docs/gate.md): the Argo tier's
-pipeline runs (overlays/dev gates on `client_health`) and the e2e tier's releases on the real local
-stack. When both measure at once on 2 cores, each starves the other's client and the gate rightly calls
-the measurement void and rolls back: the clean-clone CI at 9cc08b0 (2026-12-06) went red that way
+The Argo tier's pipeline runs validate with the client-health gate on (overlays/dev gates on
+`client_health`, docs/gate.md); the e2e tier's releases run the real local stack and measure with their own
+client at the same priority (overlays/local ignores client health: its figures are reports). When the two
+measure at once on 2 cores, the e2e tier starves the Argo run's client and the gate rightly calls the
+measurement void and rolls back: the clean-clone CI at 9cc08b0 (2026-12-06) went red that way
 (`test_push_to_dev_releases_the_pushed_revision`: event-loop lag p99 18.7 ms > 10 ms at load 8.6, with the
 e2e stack releasing beside it), as did the move of the step image test on 2026-12-06 (lag 52 ms at 8.9).
 Timing the tiers so that they happen not to overlap holds only until a tier's length changes; this lock

@@ -118,8 +118,8 @@ def changed_overlay(tmp_path: Path, max_num_seqs: int, **spec_changes) -> Path:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """Environment of every pdops call of the tier; `pdops down` (and a check that Ray is gone) at the end.
-    The session holds the machine's measuring lock (tests/measure_lock.py): its releases gate on the
-    client's health, and so do the Argo tier's runs, which take turns with it."""
+    The session holds the machine's measuring lock (tests/measure_lock.py): its real stack and its client
+    beside an Argo-tier run starve that run's client, whose health overlays/dev gates on; they take turns."""
     home = tmp_path_factory.mktemp("pdops-home")
     env = {**os.environ, "PDOPS_HOME": str(home), "PDOPS_LOCAL_PORT": str(PORT)}
     with measuring("the e2e tier's real stack"):
