@@ -3,7 +3,7 @@
 #   make test      the test suite (what CI runs via .ci/run)
 #   make lint      ruff, mypy and the import contracts over workflows/ and validation/ (CI runs it before the tests)
 #   make docs      the manual: generated pages current, then `mkdocs build --strict` into build/site
-.PHONY: setup release lint docs test test-argo test-rest ci-tiers test-rest-low test-e2e test-faults bench-render
+.PHONY: setup release lint docs test test-argo test-rest ci-tiers test-rest-low step-venv test-e2e test-faults bench-render
 
 setup:
 	bash scripts/setup.sh
@@ -47,6 +47,12 @@ test-rest: setup
 # - Unit + integration run at nice 10 (test-rest-low): they gate nothing on a client's health, and at
 #   nice 10 they yield the CPU to the Argo tier's client (nice -5, validation/loadgen.py CLIENT_NICE) and
 #   its fake engines, as the local stack's own engines do (workflows/targets/local_stack.py NICENESS).
+# The step image's venv (tests/step_venv.py), built before the tiers: .ci/run runs it beside `make lint`.
+# The Argo tier builds it itself when missing, but then waits for it with the other tiers competing
+# (about 20 min cold at load 7-13 on 2 cores, against 255 s beside light work).
+step-venv: setup
+	.venv/bin/python -m tests.step_venv
+
 ci-tiers: setup
 	$(MAKE) --no-print-directory -j3 -O test-argo test-e2e test-rest-low
 

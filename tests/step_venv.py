@@ -157,3 +157,29 @@ def installed_code_differs(venv: Path, src: Path = ROOT) -> list[str]:
         return {str(p.relative_to(base)): p.read_bytes() for p in files if p.is_file()}
     mine, theirs = tree(src), tree(site)
     return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+
+
+def main() -> int:
+    """`make step-venv`: the step venv for this checkout, built (or found) before the test tiers start.
+
+    .ci/run runs it beside `make lint`: built inside the Argo tier (its `step_image` fixture) with the e2e stack
+    and the unit tier beside it, a cold build took about 20 minutes on 2 cores (2026-12-07, docs/measurements.md)
+    against 255 s with only light work beside it, and every Argo-tier test waits for it. The tiers then find it
+    ready (the Argo tier's `git archive` of a clean checkout installs the same files: `installed_code_differs`)."""
+    import time
+
+    from tests.argo.pod import dockerfile_image
+
+    env, _ = dockerfile_image(ROOT / "Dockerfile")
+    started = time.monotonic()
+    with step_venv({k: v for k, v in env.items() if k.startswith("PDOPS_SETUP")}) as (venv, done):
+        if done.returncode != 0:
+            print(f"[step venv] the step image's install failed (scripts/setup.sh):\n{done.stderr[-3000:]}",
+                  file=sys.stderr)
+            return done.returncode
+        print(f"[step venv] {venv} ready in {time.monotonic() - started:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
