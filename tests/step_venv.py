@@ -20,8 +20,7 @@ package data) differ from the code wanted (`installed_code_differs`): then its s
 wanted is `src`: this checkout for tests/unit/test_step_image.py, the revision's `git archive` for the Argo
 tier (tests/argo/conftest.py), which is what the image would be built from (setup.sh runs from `src`).
 The build runs at nice BUILD_NICE (10, absolute): below the Argo tier's client (-5) and fake engines (0), whose
-latency it must not disturb, but level with the unit tier, which `make ci-tiers` runs at nice 10: at nice 19 it would
-get little CPU beside that tier and the e2e stack, while every Argo-tier test waits for it.
+latency it must not disturb, when a tier builds it; CI builds it before the tiers (`make step-venv`, `main`).
 
 Locking (flock on the key's `lock` file), so that the Argo tier (one pytest process holding the venv for its
 whole session, ~17 min) and the step image test (another process, beside it in `make ci-tiers`) share it:
