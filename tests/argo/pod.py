@@ -67,21 +67,14 @@ from typing import Any
 
 import psutil
 import yaml
+from kubernetes.utils import parse_quantity
 
 GRACE_S = 2.0  # terminationGracePeriodSeconds is 30 s in a cluster; the steps here stop well within 2 s
 MEMORY_SAMPLE_S = 0.1
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-
-
 def memory_bytes(quantity: str | int | None) -> int | None:
-    """A Kubernetes memory quantity in bytes (apimachinery resource.Quantity: binary and decimal suffixes)."""
-    if quantity is None:
-        return None
-    text = str(quantity)
-    for unit, factor in _UNITS.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(float(text))
+    """A Kubernetes memory quantity in bytes, parsed by the official client (kubernetes.utils.parse_quantity,
+    apimachinery resource.Quantity's suffixes), as workflows/targets/kube/capacity.py parses them."""
+    return None if quantity is None else int(parse_quantity(quantity))
 
 
 @dataclass

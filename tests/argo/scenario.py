@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import yaml
+from kubernetes.utils import parse_quantity
 
 from tests.argo.pod import PodRunner
 from tests.argo.spec import WorkflowSpec, load_workflow_spec
@@ -72,15 +73,8 @@ def overlay_nodes(per_selector: int = 2) -> tuple[dict, ...]:
     return tuple(out)
 
 
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}
-
-
 def _quantity(v) -> float:
-    text = str(v)
-    for unit, factor in _UNITS.items():
-        if text.endswith(unit):
-            return float(text[: -len(unit)]) * factor
-    return float(text)
+    return float(parse_quantity(v))   # the official client's parser, as workflows/targets/kube/capacity.py
 
 
 def _format(key: str, v: float) -> str:
