@@ -46,11 +46,13 @@ test-rest: setup
 # Measured and reverted (docs/measurements.md, 2026-12-07): the unit tier in 3 pytest-xdist workers at nice 10
 # beside the e2e stack (load up to 35) failed two of its timing tests (test_tpot_timing, test_interleave).
 
-# The step image's venv (tests/step_venv.py), built before the tiers: .ci/run runs it beside `make lint`.
-# The Argo tier builds it itself when missing, but then waits for it with the other tiers competing
-# (about 20 min cold at load 7-13 on 2 cores, against 255 s beside light work).
-step-venv: setup
-	.venv/bin/python -m tests.step_venv
+# The step image's venv (tests/step_venv.py), built before the tiers: .ci/run runs it beside `make setup`
+# (each pip install is about one core of the two; tests/step_venv.py needs only the standard library, so
+# the machine's python3 runs it before .venv exists). The Argo tier builds it itself when missing, but then
+# waits for it with the other tiers competing (about 20 min cold at load 7-13 on 2 cores, against 255 s
+# beside light work).
+step-venv:
+	python3 -m tests.step_venv
 
 # (the order: the comment above step-venv)
 ci-tiers: setup

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.argo.pod import PodRunner, dockerfile_image
+from tests.argo.pod import PodRunner
+from tests.dockerfile import dockerfile_image
 from tests.conftest import ROOT
 
 HERE = Path(__file__).parent

@@ -69,6 +69,8 @@ import psutil
 import yaml
 from kubernetes.utils import parse_quantity
 
+from tests.dockerfile import dockerfile_image
+
 GRACE_S = 2.0  # terminationGracePeriodSeconds is 30 s in a cluster; the steps here stop well within 2 s
 MEMORY_SAMPLE_S = 0.1
 def memory_bytes(quantity: str | int | None) -> int | None:
@@ -128,25 +130,6 @@ class PodResult:
     log: str = ""
     seconds: float = 0.0
     peak_rss: int = 0                           # bytes, the watcher's largest sample
-
-
-BASE_IMAGE_ENV = {"PATH": "/usr/local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}  # python:3.11-slim
-
-
-def dockerfile_image(dockerfile: Path) -> tuple[dict[str, str], list[str]]:
-    """ENV and ENTRYPOINT of the step image, read from the Dockerfile so the two cannot drift; `$VAR`
-    in an ENV value is the value so far (Docker's ENV substitution), starting from the base image's."""
-    text = dockerfile.read_text().replace("\\\n", " ")
-    env: dict[str, str] = dict(BASE_IMAGE_ENV)
-    entrypoint: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("ENV "):
-            for item in shlex.split(line[4:]):
-                key, _, value = item.partition("=")
-                env[key] = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), ""), value)
-        elif line.startswith("ENTRYPOINT "):
-            entrypoint = __import__("json").loads(line[len("ENTRYPOINT "):])
-    return env, entrypoint
 
 
 def dockerfile_user(dockerfile: Path) -> tuple[int, int]:

@@ -20,7 +20,7 @@ import shlex
 import pytest
 import yaml
 
-from tests.argo.pod import dockerfile_image
+from tests.dockerfile import dockerfile_image
 from tests.argo.spec import load_workflow_spec
 from tests.argo.substitute import replace_text
 from tests.conftest import ROOT

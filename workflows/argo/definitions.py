@@ -49,6 +49,12 @@ REPO_URL = "https://github.com/pdops/pdops.git"
 SRC = "/workspace/src"          # git input artifact (the revision under release)
 OUT = "/tmp/out"                # each step's output-parameter files (step_outputs.write)
 RUN = "/tmp/run"                # validate's run folder (compat, bench, report), an artifact
+# check's render cache (workflows/render/cache.py cache_dir() under HOME=/tmp): Ray's verdict on the serve config,
+# the kustomize build and the converted CRD schemas, keyed by their inputs and the installed versions. rollout
+# takes it as an input artifact: the same image, revision and overlay hit every entry, so rollout's render
+# skips importing Ray Serve LLM's models (11-14 s of CPU per pod, 2026-12-07); any other input misses and is
+# computed again. Optional both ways: a check that died early hands on nothing and rollout renders in full.
+RENDER_CACHE = "/tmp/.cache/pdops"
 RUN_AS_USER = 10001              # matches the Dockerfile's user
 # Every step but validate: `pdops render overlays/prod` peaks at ~720 MiB (717 measured) with the cold cache a step pod
 # always has (scripts/step_memory.py; docs/measurements.md), so 1 GiB leaves ~30 % headroom (512 Mi: OOM-killed).
@@ -307,8 +313,10 @@ def build_release(image: str = STEP_IMAGE):
     ) as wt:
         check = _step("check", ["render", OVERLAY, "-o", f"{OUT}/manifest.yaml", "--outputs", OUT],
                       outputs=_outcome("blocked", "check did not finish: see the check step's log")
-                      + [Artifact(name="manifest", path=f"{OUT}/manifest.yaml", optional=True)])
+                      + [Artifact(name="manifest", path=f"{OUT}/manifest.yaml", optional=True),
+                         Artifact(name="render-cache", path=RENDER_CACHE, optional=True)])
         rollout = _step("rollout", ["rollout", *target, "--revision", P % "revision", dry, "--outputs", OUT],
+                        inputs=[Artifact(name="render-cache", path=RENDER_CACHE, optional=True)],
                         outputs=_outcome("failed", "rollout did not finish: see the rollout step's log"))
         validate = _step("validate", ["validate", *target, "--slot", "candidate", "--out", RUN, "--outputs", OUT],
                          cpu="1", memory=VALIDATE_MEMORY, api_key=True,
@@ -329,7 +337,9 @@ def build_release(image: str = STEP_IMAGE):
         with DAG(name="release"):
             Task(name="lock", template=lock, when=f"{P % 'dry-run'} == false")
             Task(name="check", template=check, depends="lock.Succeeded || lock.Skipped", when=f"{skip} == false")
-            Task(name="rollout", template=rollout, depends="check.Succeeded")
+            Task(name="rollout", template=rollout, depends="check.Succeeded",
+                 arguments=[Artifact(name="render-cache", from_="{{tasks.check.outputs.artifacts.render-cache}}",
+                                     optional=True)])
             # rollout writes `unchanged` when the release already serves as stable (steps.settle_candidate):
             # a re-release is a no-op that succeeds, validate and promote are skipped
             Task(name="validate", template=validate, depends="rollout.Succeeded",
