@@ -6,7 +6,6 @@ machine with it. Helpers here drive `pdops` as a user would: subprocesses and HT
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -116,21 +115,14 @@ def changed_overlay(tmp_path: Path, max_num_seqs: int, **spec_changes) -> Path:
     return path
 
 
-def yielding() -> bool:
-    """This process runs at the lowest CPU priority (nice 19: CFS weight 15 against a nice-0 task's 1024)."""
-    return os.nice(0) >= 19
-
-
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """Environment of every pdops call of the tier; `pdops down` (and a check that Ray is gone) at the end.
-    At nice 0 the session holds the machine's measuring lock (tests/measure_lock.py): its real stack beside an
-    Argo-tier run starves that run's client, whose health overlays/dev gates on, so they take turns. At nice 19
-    (`make ci-tiers` runs the tier so: the Makefile says why) the stack takes only CPU nobody else wants, and
-    the session does not hold the lock."""
+    The session holds the machine's measuring lock (tests/measure_lock.py): its real stack and its client
+    beside an Argo-tier run starve that run's client, whose health overlays/dev gates on; they take turns."""
     home = tmp_path_factory.mktemp("pdops-home")
     env = {**os.environ, "PDOPS_HOME": str(home), "PDOPS_LOCAL_PORT": str(PORT)}
-    with contextlib.nullcontext() if yielding() else measuring("the e2e tier's real stack"):
+    with measuring("the e2e tier's real stack"):
         yield env
         pdops(env, "down")
     assert not (home / "local" / "ray.pid").exists(), "pdops down left the Ray pid file behind"
