@@ -28,3 +28,17 @@ def dns(cluster, monkeypatch):  # noqa: F811
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
     cluster.kuberay.engine = {"server": DiffFake}
     return cluster
+
+
+@pytest.fixture
+def judged_after_the_reference(request, monkeypatch):
+    """For modules that test the single-engine reference, golden tokens or the diff (`pytestmark =
+    pytest.mark.usefixtures(...)`) with candidates that already fail elsewhere in their emulation (compat cases
+    and loads with connection errors or one-token streams: not what those modules test): such a rollback is
+    certain before a reference would start (workflows/pipeline/steps.py certain_rollback), so none would. Here the
+    verdict is taken after the reference, as before that rule, except in a test whose name says
+    `certain_rollback` (the rule's own)."""
+    from workflows.pipeline import steps
+
+    if "certain_rollback" not in request.node.name:
+        monkeypatch.setattr(steps, "certain_rollback", lambda *a: None)

@@ -14,6 +14,8 @@ from workflows.pipeline import steps
 from workflows.spec.release import load_spec
 from workflows.targets.base import Endpoint
 
+pytestmark = pytest.mark.usefixtures("judged_after_the_reference")   # tests/unit/conftest.py says why
+
 
 @pytest.fixture
 def overlay(tmp_path):

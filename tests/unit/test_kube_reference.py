@@ -27,6 +27,7 @@ from workflows.render.manifest import render
 from workflows.spec.release import load_spec
 
 REF = "pd-llm-reference"
+pytestmark = pytest.mark.usefixtures("judged_after_the_reference")   # tests/unit/conftest.py says why
 
 
 @pytest.fixture
@@ -100,6 +101,20 @@ def test_validate_creates_the_reference_compares_golden_tokens_and_the_diff_then
     assert f"[reference] deleted RayService/{REF}" in progress
     assert REF not in dns.objects("rayservices")              # gone, not just terminating
     assert not [p for p in dns.objects("pods").values() if p["metadata"]["labels"].get("pdops.dev/role")]
+
+
+def test_a_candidate_that_already_fails_starts_no_reference_certain_rollback(dns, manifests, overlay, tmp_path):
+    """Golden tokens and the diff only add checks: a candidate already rolled back on what was measured gets no
+    single-engine reference (a RayService of the release's GPUs on a cluster), and both checks say why."""
+    target, rec = _candidate(dns, manifests)
+    progress = Lines()
+    checks, _ = _validate(target, rec, overlay, tmp_path, progress)
+    assert not checks["compat"].ok and not checks["error_rate"].ok       # decided by what was measured
+    for name in ("golden_tokens", "diff"):
+        assert checks[name].verdict == "skipped", checks[name]
+        assert "a certain rollback" in checks[name].message and "compat" in checks[name].message
+    assert _reference_writes(dns) == []                                  # no reference RayService, ever
+    assert not any(line.startswith("[reference]") for line in progress)
 
 
 def test_no_room_for_a_decode_pod_skips_both_checks_with_the_reason_and_applies_nothing(dns, manifests, overlay, tmp_path):

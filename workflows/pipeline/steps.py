@@ -146,8 +146,8 @@ def validate_candidate(endpoint: Endpoint, spec: ReleaseSpec, run: Path, progres
     compat = compat_suite(candidate)
     loads = CandidateLoads(candidate, rendered, baseline_server, stable)
     loads.first_look()
-    if loads.stopped:   # a certain rollback: no single-engine reference is started for it
-        why = "the measurement stopped early (a certain rollback)"
+    why = certain_rollback(candidate, compat, loads)
+    if why:   # no single-engine reference is started for a certain rollback
         wanted = (("golden_tokens", spec.validation.golden_prompts > 0),
                   ("diff", spec.validation.diff and release_file is not None))
         checks = ReferenceChecks(skipped={name: why for name, want in wanted if want})
@@ -368,6 +368,28 @@ def differential_suite(candidate: Candidate, ref_url: str, release_file: Path) -
                            spec.validation.request_timeout_s, run, candidate.progress, candidate.api_key)
     except OSError as exc:
         raise RunFolderError(run / "diff.json", exc) from exc
+
+
+def certain_rollback(candidate: Candidate, compat: CompatReport, loads: CandidateLoads) -> str | None:
+    """Why golden tokens and the diff can no longer change the verdict, or None. They only add checks, so a
+    decision that already rolls back on what was measured stays a rollback, and no single-engine reference is
+    started for it: on Kubernetes a RayService of the release's GPUs, on the local target an engine start and
+    the differential suite (40 s and 75 s in the e2e tier's SLO-failing release, 2026-12-07). Not when the
+    failures are inconclusive checks that slo.statistics.inconclusive: extend would measure again."""
+    from validation import gate
+
+    if loads.stopped:
+        return "the measurement stopped early (a certain rollback)"
+    spec = candidate.spec
+    pending = {"golden_tokens": "not run yet", "diff": "not run yet"}
+    decision = gate.decide(compat, loads.benches, spec.slo, loads.stable, None, None, None, look=1,
+                           balance_block=spec.validation.balance.block, skipped=pending,
+                           planned=spec.validation.load, no_baseline_reason=loads.no_baseline)
+    if decision.verdict == "promote" or decision.extend:
+        return None
+    failed = [r for r in decision.reasons if r != decision.scope]
+    return "the candidate already fails (a certain rollback): " + "; ".join(failed[:2]) + (
+        f"; and {len(failed) - 2} more" if len(failed) > 2 else "")
 
 
 def gate_over_looks(candidate: Candidate, compat: CompatReport, loads: CandidateLoads, checks: ReferenceChecks,
