@@ -26,8 +26,8 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 
 # The suite as two processes side by side, each tier's output printed when it ends (-O): the Argo tier
-# (tests/argo) mostly waits on its step pods and emulated cluster (measured under load: 59 s of CPU in a
-# 276 s Argo test), so on 2 cores it overlaps the CPU-bound unit and integration tiers.
+# (tests/argo) and unit + integration each keep about half to three quarters of a core busy (2026-12-07, side by
+# side: 796 s of CPU in 1057 s and 459 s in 829 s; docs/measurements.md), so on 2 cores they overlap.
 test: setup
 	$(MAKE) --no-print-directory -j2 -O test-argo test-rest
 

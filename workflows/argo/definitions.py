@@ -57,13 +57,13 @@ RUN = "/tmp/run"                # validate's run folder (compat, bench, report),
 RENDER_CACHE = "/tmp/.cache/pdops"
 RUN_AS_USER = 10001              # matches the Dockerfile's user
 # Every step but validate: `pdops render overlays/prod` peaks at ~720 MiB (717 measured) with the cold cache a step pod
-# always has (scripts/step_memory.py; docs/measurements.md), so 1 GiB leaves ~30 % headroom (512 Mi: OOM-killed).
-# The Argo tier enforces it (tests/argo/pod.py's RSS watcher, as uid 10001 in the step image's install) and
-# measured on 2026-12-06 (overlays/dev, 55 tests): check 717 MiB, rollout 719 MiB, promote/rollback/lock/unlock under
-# 90 MiB.
+# has without check's render cache (scripts/step_memory.py; docs/measurements.md), so 1 GiB leaves ~30 % headroom
+# (512 Mi: OOM-killed); rollout keeps that room for a run whose check handed on no cache. The Argo tier enforces it
+# (tests/argo/pod.py's RSS watcher, as uid 10001 in the step image's install) and measured on 2026-12-07 (overlays/dev,
+# 59 tests): check 726 MiB, rollout 90 MiB with check's cache (719 before it), promote/rollback/lock/unlock under 90 MiB.
 STEP_MEMORY = "1Gi"
-# validate and validate-stable: the Argo tier's watcher measured 1207 MiB (overlays/dev, 2026-12-06): 2 GiB leaves
-# ~40 % headroom for a longer load's reports.
+# validate and validate-stable: the Argo tier's watcher measured 1207 MiB (overlays/dev, 2026-12-06), 736 MiB since
+# validate renders without Ray's models (2026-12-07): 2 GiB leaves room for a longer load's reports.
 VALIDATE_MEMORY = "2Gi"
 P = "{{workflow.parameters.%s}}"
 OVERLAY = "overlays/" + P % "environment"
