@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.argo.exprs import ExprError, NotEmulated, eval_expr
 from tests.argo.nodes import Clock, Node, parse_duration
-from tests.argo.pod import PodRunner, PodSpec, Security, memory_bytes
+from tests.argo.pod import PodRunner, PodSpec, Security, cpu_cores, memory_bytes
 from tests.argo.spec import Arguments, Artifact, Template, WorkflowSpec
 from tests.argo.substitute import AbsentOptional, Scope, Unresolved, replace
 
@@ -238,6 +238,7 @@ class Controller:
                        deadline_s=deadline, deadline_message=message, template=tmpl.name,
                        security=Security.of(self.spec.securityContext, c.securityContext),
                        memory_limit=memory_bytes(((c.resources or {}).get("limits") or {}).get("memory")),
+                       cpu_request=cpu_cores(((c.resources or {}).get("requests") or {}).get("cpu")),
                        service_account=f"system:serviceaccount:{self.globals.get('workflow.namespace', '')}:"
                                        f"{self.spec.serviceAccountName}" if self.spec.serviceAccountName else None)
 

@@ -47,8 +47,8 @@ What a pod is here (set up as root in a private mount namespace, `unshare -m`, t
   is an error of the wait container.
 Not emulated: image pulls and the base image's filesystem (the pod sees this machine's, read-only), the
 executor's own RBAC (pd-release-executor: no wait container writes workflowtaskresults here), ClusterRoles,
-seccomp (RuntimeDefault), CPU requests and limits, emptyDir sizeLimit, the network (the pod shares the
-machine's).
+seccomp (RuntimeDefault), CPU limits (a CPU request of a core or more is a higher CFS weight: GUARANTEED_NICE),
+emptyDir sizeLimit, the network (the pod shares the machine's).
 """
 from __future__ import annotations
 
@@ -77,6 +77,22 @@ def memory_bytes(quantity: str | int | None) -> int | None:
     """A Kubernetes memory quantity in bytes, parsed by the official client (kubernetes.utils.parse_quantity,
     apimachinery resource.Quantity's suffixes), as workflows/targets/kube/capacity.py parses them."""
     return None if quantity is None else int(parse_quantity(quantity))
+
+
+def cpu_cores(quantity: str | int | None) -> float | None:
+    """A Kubernetes CPU quantity in cores (`250m` -> 0.25), by the official client's parser."""
+    return None if quantity is None else float(parse_quantity(quantity))
+
+
+# resources.requests.cpu: under contention the kubelet guarantees a pod its request (cgroup cpu.shares of
+# request x 1024 per core: kubernetes pkg/kubelet/cm/helpers_linux.go MilliCPUToShares), because the node's
+# other work runs in cgroups of its own requests. Here the node's other work is whatever else runs on this
+# machine at nice 0 (another test tier), so a pod requesting a whole core or more runs at GUARANTEED_NICE:
+# CFS weight 3121 against 1024, about three quarters of two contended cores, near the one core of two it
+# asked for. Smaller requests (the 250m steps) keep nice 0. Why it matters: validate's client is gated on its
+# own health (event-loop lag p99 <= 10 ms, overlays/dev); at nice 0 beside the unit tier it measured 13.5 ms
+# once (clean-clone CI, 2026-12-07) and the release was rolled back as void.
+GUARANTEED_NICE = -5
 
 
 @dataclass
@@ -117,6 +133,7 @@ class PodSpec:
     template: str = ""
     security: Security = field(default_factory=Security)
     memory_limit: int | None = None            # bytes: resources.limits.memory
+    cpu_request: float | None = None           # cores: resources.requests.cpu (GUARANTEED_NICE says what it does)
     service_account: str | None = None         # system:serviceaccount:<workflow namespace>:<serviceAccountName>
 
 
@@ -258,6 +275,8 @@ class PodRunner:
             user.append("--no-new-privs")
         if pod.security.drop_all_caps:
             user += ["--inh-caps=-all", "--bounding-set=-all"]
+        if (pod.cpu_request or 0) >= 1:   # before dropping privileges: raising priority needs CAP_SYS_NICE
+            user = ["nice", "-n", str(GUARANTEED_NICE - os.nice(0)), *user]
         script.append(f'exec {" ".join(user)} -- "$@"' if uid != 0 or pod.security.drop_all_caps else 'exec "$@"')
         log_path = d / "log"
         env = self.env(pod, kubeconfig)

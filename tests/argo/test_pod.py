@@ -8,6 +8,7 @@ the kubelet's runAsNonRoot check (pkg/kubelet/kuberuntime verifyRunAsNonRoot), t
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 import pytest
@@ -38,8 +39,10 @@ templates:
 """
 
 
-def spec(script: str, memory: str = "1Gi", pod_sc: str | None = None) -> WorkflowSpec:
+def spec(script: str, memory: str = "1Gi", pod_sc: str | None = None, cpu: str | None = None) -> WorkflowSpec:
     text = SECURE.format(script=json.dumps(script), memory=memory)
+    if cpu is not None:
+        text = text.replace("resources: {limits:", f"resources: {{requests: {{cpu: {cpu}}}, limits:")
     if pod_sc is not None:
         text = text.replace(text.splitlines()[1], f"securityContext: {pod_sc}")
     return WorkflowSpec.model_validate(yaml.safe_load(text))
@@ -79,6 +82,15 @@ def test_the_image_and_its_user_run_pdops_from_the_step_venv(run):
 def test_run_as_non_root_refuses_root(run):
     node, _, r = run(spec("true", pod_sc="{runAsNonRoot: true, runAsUser: 0}"))
     assert node.phase == "Error" and "runAsNonRoot" in node.message, r.describe()
+
+
+@pytest.mark.parametrize("cpu, nice", [("1", -5), ("1500m", -5), ("250m", None), (None, None)])
+def test_a_pod_requesting_a_whole_core_runs_at_the_guaranteed_weight(run, cpu, nice):
+    """resources.requests.cpu of a core or more: CFS weight above the machine's other work (pod.py
+    GUARANTEED_NICE, after kubelet MilliCPUToShares); the container still runs without CAP_SYS_NICE."""
+    node, _, r = run(spec("nice > /tmp/out", cpu=cpu))
+    assert node.phase == "Succeeded", r.describe()
+    assert int(node.params["out"]) == (os.nice(0) if nice is None else nice), r.describe()   # None: the tier's own
 
 
 def test_over_its_memory_limit_the_step_is_oom_killed(run):

@@ -128,7 +128,7 @@ def test_diff_report_of_a_real_run_validates(tmp_path):
     assert code == 1 and data["summary"]["differs"] >= 1 and data["kind"] == "diff"
 
 
-def test_a_release_run_folder_validates(tmp_path, monkeypatch):
+def test_a_release_run_folder_validates(tmp_path, monkeypatch, judged_after_the_reference):
     """A whole release (tests/unit/test_diff_release.py's: a candidate with a planted P/D batch bug,
     the golden tokens and the diff on the target's reference): every report in its run folder."""
     import shutil

@@ -60,7 +60,7 @@ RUN_AS_USER = 10001              # matches the Dockerfile's user
 # has without check's render cache (scripts/step_memory.py; docs/measurements.md), so 1 GiB leaves ~30 % headroom
 # (512 Mi: OOM-killed); rollout keeps that room for a run whose check handed on no cache. The Argo tier enforces it
 # (tests/argo/pod.py's RSS watcher, as uid 10001 in the step image's install) and measured on 2026-12-07 (overlays/dev,
-# 59 tests): check 726 MiB, rollout 90 MiB with check's cache (719 before it), promote/rollback/lock/unlock under 90 MiB.
+# 59 tests): check 726 MiB, rollout 90 MiB with check's cache (719 before), promote/rollback/lock/unlock under 90 MiB.
 STEP_MEMORY = "1Gi"
 # validate and validate-stable: the Argo tier's watcher measured 1207 MiB (overlays/dev, 2026-12-06), 736 MiB since
 # validate renders without Ray's models (2026-12-07): 2 GiB leaves room for a longer load's reports.
