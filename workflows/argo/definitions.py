@@ -49,12 +49,13 @@ REPO_URL = "https://github.com/pdops/pdops.git"
 SRC = "/workspace/src"          # git input artifact (the revision under release)
 OUT = "/tmp/out"                # each step's output-parameter files (step_outputs.write)
 RUN = "/tmp/run"                # validate's run folder (compat, bench, report), an artifact
+HOME = "/tmp"                   # the steps' HOME: the emptyDir, the only writable place
 # check's render cache (workflows/render/cache.py cache_dir() under HOME=/tmp): Ray's verdict on the serve config,
 # the kustomize build and the converted CRD schemas, keyed by their inputs and the installed versions. rollout
 # takes it as an input artifact: the same image, revision and overlay hit every entry, so rollout's render
 # skips importing Ray Serve LLM's models (11-14 s of CPU per pod, 2026-12-07); any other input misses and is
 # computed again. Optional both ways: a check that died early hands on nothing and rollout renders in full.
-RENDER_CACHE = "/tmp/.cache/pdops"
+RENDER_CACHE = f"{HOME}/.cache/pdops"
 RUN_AS_USER = 10001              # matches the Dockerfile's user
 # Every step but validate: `pdops render overlays/prod` peaks at ~720 MiB (717 measured) with the cold cache a step pod
 # has without check's render cache (scripts/step_memory.py; docs/measurements.md), so 1 GiB leaves ~30 % headroom
@@ -156,7 +157,7 @@ def _volumes():
 
 def _env():
     m = _hera()
-    return [m.EnvVar(name="HOME", value="/tmp"), m.EnvVar(name="PDOPS_ENVIRONMENT", value=P % "environment"),
+    return [m.EnvVar(name="HOME", value=HOME), m.EnvVar(name="PDOPS_ENVIRONMENT", value=P % "environment"),
             m.EnvVar(name=RUN_ENV, value=RUN_ID)]
 
 
