@@ -199,7 +199,10 @@ class PodRunner:
         /etc/hosts on every lookup, so the pod sees the rewritten file."""
         while proc.poll() is None and callable(self.hosts):
             time.sleep(0.2)
-            self._hosts_file(d)
+            try:
+                self._hosts_file(d)
+            except FileNotFoundError:   # the pod ended meanwhile and its folder was removed
+                return
 
     def _pod_dir(self, name: str) -> Path:
         with self._lock:

@@ -45,6 +45,7 @@ from workflows.targets.base import (
     other_colour,
 )
 from workflows.targets.local_stack import HOST, LocalRay, Ports, ReferenceEngine
+from workflows.targets.polling import Poll
 
 ROUTES = {"stable": "/", "candidate": "/candidate"}
 # Colocated slots must not share NIXL side-channel ports (Ray's defaults: prefill 20000, decode 22000).
@@ -258,7 +259,7 @@ class LocalTarget:
     def _wait_removed(self, keep: set[str], progress: Progress, timeout_s: float = 300) -> None:
         """Serve deletes left-out applications in the background: a rollback or promote is done when
         their engines are gone and their CPU and memory are free for the next candidate."""
-        started, said = time.monotonic(), False
+        started, said, poll = time.monotonic(), False, Poll(self.poll_s)
         while leaving := sorted(set(self.ray.applications()) - keep):
             if time.monotonic() - started > timeout_s:
                 raise TargetError(f"Serve did not remove {', '.join(leaving)} within {timeout_s:.0f}s",
@@ -266,7 +267,7 @@ class LocalTarget:
             if not said:
                 progress(f"[ray] waiting for Serve to remove {', '.join(leaving)}")
                 said = True
-            time.sleep(self.poll_s)
+            poll.sleep()
 
     def _app_name(self, record: ReleaseRecord) -> str:
         return f"{record.name}-{record.colour}"
@@ -326,7 +327,7 @@ class LocalTarget:
         return candidate
 
     def _wait(self, record: ReleaseRecord, timeout_s: float, progress: Progress, what: str) -> None:
-        started, last = time.monotonic(), ""
+        started, last, last_at, poll = time.monotonic(), "", 0.0, Poll(self.poll_s)
         name = self._app_name(record)
         while True:
             elapsed = time.monotonic() - started
@@ -335,9 +336,9 @@ class LocalTarget:
             deployments = app.get("deployments") or {}
             line = f"[{what}] {name}: {status} " + " ".join(
                 f"{d}={v.get('status')}" for d, v in sorted(deployments.items()))
-            if line != last or int(elapsed) % 30 < self.poll_s:
+            if line != last or elapsed - last_at >= 30:
                 progress(f"{line} ({elapsed:.0f}s)")
-                last = line
+                last, last_at = line, elapsed
             if status == "RUNNING":
                 return
             if status in ("DEPLOY_FAILED", "UNHEALTHY"):
@@ -351,7 +352,7 @@ class LocalTarget:
                 raise TargetError(f"{name} not RUNNING after {timeout_s:.0f}s (last status {status})",
                                   [f"{d}: {v.get('status')} {v.get('message', '')}"[:300]
                                    for d, v in deployments.items()] + [f"Ray log: {self.ray.log}"])
-            time.sleep(self.poll_s)
+            poll.sleep()
 
     def wait_ready(self, timeout_s: float, progress: Progress) -> Endpoint:
         candidate = self._slots().candidate

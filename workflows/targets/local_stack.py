@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from validation.server_metrics import RAY_METRICS_LAG_S
+from validation.server_metrics import RAY_METRICS_INTERVAL_ENV, RAY_METRICS_LAG_S, ray_export_lag_s
 from workflows.errors import InputError
 from workflows.targets import vllm_plugin
 from workflows.targets.base import Progress, TargetError
@@ -44,7 +44,7 @@ NICENESS = 10
 # before its server-metrics window opens and after it closes, and vs_stable's paired blocks make
 # 2 x blocks benches per load: at 10 s, 4 pairs cost over 2 minutes of waiting; at 2 s, about 30 s.
 METRICS_INTERVAL_MS = 2000
-ENGINE_ENV["RAY_metrics_report_interval_ms"] = str(METRICS_INTERVAL_MS)
+ENGINE_ENV[RAY_METRICS_INTERVAL_ENV] = str(METRICS_INTERVAL_MS)
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class LocalRay:
             interval_ms = int(self.interval_file.read_text())
         except (OSError, ValueError):
             return RAY_METRICS_LAG_S
-        return max(interval_ms, 1000) / 1000 * 1.25
+        return ray_export_lag_s(interval_ms)
 
     def healthy(self) -> bool:
         try:

@@ -64,7 +64,7 @@ class Baselines:
     kube: Any
     namespace: str
     dry_run: bool
-    metrics_lag_s: float
+    metrics_lag_s: float | None
     _check_lock: Callable[[], None]
     _room: Callable[..., list[str]]
     _delete_owned: Callable[..., None]                   # reference.References

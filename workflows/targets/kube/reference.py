@@ -33,6 +33,7 @@ from workflows.render.serve_config import reference_serve_config
 from workflows.targets.base import Progress, ReleaseRecord, Skipped, TargetError
 from workflows.targets.kube import objects as obj
 from workflows.targets.kube.readiness import event_lines, pod_problems, rayservice_state
+from workflows.targets.polling import Poll
 
 ROLE = "reference"
 
@@ -159,7 +160,7 @@ class References:
     def _wait_role(self, name: str, role: str, progress: Progress) -> str:
         """"" once RayService `name` of `role` (reference, baseline) is RUNNING with a ready serve endpoint,
         else why not (bounded by reference_timeout_s)."""
-        start, last = time.monotonic(), ""
+        start, last, poll = time.monotonic(), "", Poll(self.poll_s)
         service = f"{name}-serve-svc"   # KubeRay utils.GenerateServeServiceName
         while True:
             self._check_lock()   # a lost lock stops here; the finally still deletes what is ours
@@ -180,7 +181,7 @@ class References:
                 what = "failed" if found.terminal else f"not ready after {self.reference_timeout_s:.0f}s"
                 return f"{role} RayService {name} {what}: {found.detail}" + "".join(
                     f"; {line}" for line in self._role_diagnosis(name, role)[:4])
-            time.sleep(self.poll_s)
+            poll.sleep()
 
     def _serve_endpoints(self, service: str) -> int:
         slices = self.kube.list("EndpointSlice", {"kubernetes.io/service-name": service})

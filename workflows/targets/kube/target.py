@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 from kubernetes import client, config
 
-from validation.server_metrics import RAY_METRICS_LAG_S
 from workflows.names import ROLE_LABEL, run_lease_s
 from workflows.spec.release import Timeouts
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord, SlotStatus, TargetError, TargetStatus, last_good
@@ -33,6 +32,7 @@ from workflows.targets.kube.history import HistoryStore, State
 from workflows.targets.kube.lease import LEASE_S, ReleaseLock, run_holder
 from workflows.targets.kube.readiness import event_lines, pod_problems, rayservice_state
 from workflows.targets.kube.slots import Slots
+from workflows.targets.polling import Poll
 
 PROGRESS_EVERY_S = 30.0
 RECENT_EVENTS = 10
@@ -47,7 +47,7 @@ class KubernetesTarget(Slots, ref.References, Baselines):
     def __init__(self, namespace: str, *, kubeconfig: str | None = None, context: str | None = None,
                  dry_run: bool = False, api_client: client.ApiClient | None = None, poll_s: float = 5.0,
                  restore_timeout_s: float = _DEFAULT.restore_s, capacity_check: bool = True, lease_s: float = LEASE_S,
-                 drain_grace_s: float = _DEFAULT.drain_s, metrics_lag_s: float = RAY_METRICS_LAG_S,
+                 drain_grace_s: float = _DEFAULT.drain_s, metrics_lag_s: float | None = None,
                  reference_timeout_s: float = _DEFAULT.reference_s, budget_s: float | None = None,
                  run_id: str | None = None) -> None:
         """`api_client` replaces kubeconfig loading (tests point it at an emulator). `restore_timeout_s`
@@ -55,7 +55,9 @@ class KubernetesTarget(Slots, ref.References, Baselines):
         node groups that an autoscaler grows on demand. `reference_timeout_s` bounds the wait for the
         single-engine reference RayService (reference.py). `budget_s`: every wait of this process
         (readiness, a RayService terminating, the drain) ends within it: an Argo step's share of the
-        release's `timeouts` (release_cli.open_target), which its activeDeadlineSeconds contains."""
+        release's `timeouts` (release_cli.open_target), which its activeDeadlineSeconds contains.
+        `metrics_lag_s`: how stale the engines' metrics can be; None: what each release's render sets
+        (traffic.export_lag_s)."""
         self._ends = None if budget_s is None else time.monotonic() + budget_s
         self.run_id = run_id   # an Argo run's id: session() holds that run's Lease (RUN_ENV)
         self._capacity_forbidden = False   # _room could not list nodes: placement is unknown
@@ -240,7 +242,7 @@ class KubernetesTarget(Slots, ref.References, Baselines):
 
     def _wait(self, record: ReleaseRecord, timeout_s: float, progress: Progress) -> None:
         name, start, last, last_at = obj.rs_name(record), time.monotonic(), "", 0.0
-        timeout_s = self._bound(timeout_s)
+        timeout_s, poll = self._bound(timeout_s), Poll(self.poll_s)
         while True:
             elapsed = time.monotonic() - start
             rs = self.kube.get("RayService", name)
@@ -257,7 +259,7 @@ class KubernetesTarget(Slots, ref.References, Baselines):
                 raise TargetError(f"{name} failed to deploy: {found.detail}", self._diagnosis(record))
             if elapsed >= timeout_s:
                 raise TargetError(f"{name} not ready after {timeout_s:.0f}s: {found.detail}", self._diagnosis(record))
-            time.sleep(self.poll_s)
+            poll.sleep()
 
     def _diagnosis(self, record: ReleaseRecord) -> list[str]:
         """Failing pods of the colour and recent namespace Events about its objects, newest last."""
@@ -270,7 +272,7 @@ class KubernetesTarget(Slots, ref.References, Baselines):
     def _wait_gone(self, name: str, progress: Progress, step: str = "rollout") -> None:
         """KubeRay's finalizer keeps a deleted RayService until its RayClusters are gone; applying
         over it in that time would be lost with it."""
-        start, said, limit = time.monotonic(), False, self._bound(self.restore_timeout_s)
+        start, said, limit, poll = time.monotonic(), False, self._bound(self.restore_timeout_s), Poll(self.poll_s)
         while not self.dry_run and (rs := self.kube.get("RayService", name)) is not None:
             if not rs["metadata"].get("deletionTimestamp"):
                 return
@@ -281,7 +283,7 @@ class KubernetesTarget(Slots, ref.References, Baselines):
             if time.monotonic() - start >= limit:
                 raise TargetError(f"RayService {name} is still terminating after {limit:.0f}s",
                                   [f"`kubectl -n {self.namespace} get rayservice {name} -o yaml` shows its finalizers"])
-            time.sleep(self.poll_s)
+            poll.sleep()
         if said:
             progress(f"[{step}] {name} is gone ({time.monotonic() - start:.1f}s)")
 

@@ -17,12 +17,21 @@ import re
 import time
 from typing import Any
 
-from validation.server_metrics import parse, scrape, sources
+from validation.server_metrics import (
+    RAY_METRICS_INTERVAL_ENV,
+    RAY_METRICS_LAG_S,
+    parse,
+    ray_export_lag_s,
+    scrape,
+    sources,
+)
 from workflows.names import COLOUR_LABEL, PHASE_LABEL
 from workflows.render.pdb import GROUP_LABEL
+from workflows.render.rendered import WorkerGroup
 from workflows.targets.base import Endpoint, Progress, ReleaseRecord
 from workflows.targets.kube import objects as obj
 from workflows.targets.kube.api import Kube
+from workflows.targets.polling import Poll
 
 
 def _metrics_port(rayservice: dict[str, Any], group: str) -> int:
@@ -70,7 +79,22 @@ def prom_label(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
-def endpoint(kube: Kube, slot: str, record: ReleaseRecord, lag_s: float) -> Endpoint:
+def export_lag_s(record: ReleaseRecord) -> float:
+    """How stale the engines' metrics of `record` can be: Ray's export lag at the interval its worker
+    groups' containers set (RAY_METRICS_INTERVAL_ENV; kustomize/base sets 2 s), the slowest group's, Ray's
+    default where a group sets none (a render from before the base set it). Every bench waits this long
+    before its window opens and after it closes (validation/bench.py)."""
+    groups = obj.only(record, "RayService")["spec"]["rayClusterConfig"].get("workerGroupSpecs") or []
+    lags = []
+    for i, spec in enumerate(groups):
+        value = str(WorkerGroup(spec.get("groupName"), i, spec, "").env.get(RAY_METRICS_INTERVAL_ENV))
+        lags.append(ray_export_lag_s(int(value) if value.isdigit() else None))
+    return max(lags, default=RAY_METRICS_LAG_S)
+
+
+def endpoint(kube: Kube, slot: str, record: ReleaseRecord, lag_s: float | None = None) -> Endpoint:
+    """`lag_s`: how stale its metrics can be; None: what its render sets (export_lag_s)."""
+    lag_s = export_lag_s(record) if lag_s is None else lag_s
     ns = kube.namespace
     metrics = worker_metrics(kube, record)
     phases = engine_replicas(metrics)
@@ -103,7 +127,7 @@ def endpoint_colours(kube: Kube, service: str) -> tuple[set[str], int]:
 def drain(kube: Kube, service: str, colour: str, grace_s: float, timeout_s: float, poll_s: float,
           progress: Progress) -> bool:
     """Wait until `service` routes to `colour` only, then `grace_s`. False: it never did within `timeout_s`."""
-    start = time.monotonic()
+    start, poll = time.monotonic(), Poll(poll_s)
     while True:
         colours, count = endpoint_colours(kube, service)
         if colours == {colour}:
@@ -112,7 +136,7 @@ def drain(kube: Kube, service: str, colour: str, grace_s: float, timeout_s: floa
             progress(f"[promote] Service {service} still routes to {', '.join(sorted(colours)) or 'no pod'} "
                      f"({count} endpoints) after {timeout_s:.0f}s")
             return False
-        time.sleep(poll_s)
+        poll.sleep()
     progress(f"[promote] Service {service} routes to {colour} only "
              f"({count} endpoints, {time.monotonic() - start:.1f}s); "
              f"{grace_s:.0f}s for streams on the old colour to finish")
