@@ -51,11 +51,13 @@ def collect_cases(scenario_files: list[str], builtin: bool = True) -> list[Case]
 
 def diff(base_url: str, reference_url: str, model: str, *, scenario_files: Sequence[str] = (),
          known_file: str | None = None, api_key: str | None = None, timeout: float = 120.0,
-         progress: Callable[[str], None] = _err, builtin: bool = True) -> Report:
-    """What `pdops diff` and the release call: bad input raises InputError before any request."""
+         progress: Callable[[str], None] = _err, builtin: bool = True,
+         fields: dict[str, dict[str, set[str]]] | None = None) -> Report:
+    """What `pdops diff` and the release call: bad input raises InputError before any request. `fields`:
+    the schemas' fields for the coverage (matrix.coverage), None to read the installed ones."""
     cases = collect_cases(list(scenario_files), builtin)
     known = known_mod.load(known_file) if known_file else []
-    cov = matrix.coverage() if builtin else {}
+    cov = matrix.coverage(fields) if builtin else {}
     for line in coverage_lines(cov):
         progress(line)
     uncovered = {api: {f: matrix.UNCOVERED[api][f] for f in c["uncovered"]} for api, c in cov.items()}

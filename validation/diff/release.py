@@ -18,13 +18,15 @@ from validation.diff.models import Report
 
 def for_release(candidate_url: str, reference_url: str, model: str, scenario_files: Sequence[Path],
                 known_file: Path | None, timeout: float, run: Path, progress: Callable[[str], None],
-                api_key: str | None = None) -> Report:
+                api_key: str | None = None, fields: dict[str, dict[str, set[str]]] | None = None) -> Report:
     """Run the suite for a release; returns the report (also written to RUN/diff.json). The files are
     the release's `validation.scenarios` and `validation.known_divergences`, already resolved and
-    checked by the caller (workflows/spec/release.py spec_files: validation/ reads no release spec)."""
+    checked by the caller (workflows/spec/release.py spec_files: validation/ reads no release spec).
+    `fields`: the installed request schemas' fields for the coverage (matrix.schema_fields), when the
+    caller has them kept; None reads them from the installed packages."""
     report = diff(candidate_url, reference_url, model, scenario_files=[str(p) for p in scenario_files],
                   known_file=str(known_file) if known_file else None, api_key=api_key,
-                  timeout=timeout, progress=progress)
+                  timeout=timeout, progress=progress, fields=fields)
     (Path(run) / "diff.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
     (Path(run) / "diff.md").write_text(markdown(report), encoding="utf-8")
     return report

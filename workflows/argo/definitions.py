@@ -321,6 +321,7 @@ def build_release(image: str = STEP_IMAGE):
                         outputs=_outcome("failed", "rollout did not finish: see the rollout step's log"))
         validate = _step("validate", ["validate", *target, "--slot", "candidate", "--out", RUN, "--outputs", OUT],
                          cpu="1", memory=VALIDATE_MEMORY, api_key=True,
+                         inputs=[Artifact(name="render-cache", path=RENDER_CACHE, optional=True)],
                          outputs=_outcome("failed", "validation did not finish: see the validate step's log", True)
                          + [Artifact(name="run", path=RUN, optional=True)])
         promote = _step("promote", ["promote", *target, dry, "--report", "/tmp/in/run"], inputs=[_run_artifact(False)])
@@ -343,8 +344,11 @@ def build_release(image: str = STEP_IMAGE):
                                      optional=True)])
             # rollout writes `unchanged` when the release already serves as stable (steps.settle_candidate):
             # a re-release is a no-op that succeeds, validate and promote are skipped
+            # validate's diff reads the request fields check kept with Ray's verdict (render/diff_fields.py)
             Task(name="validate", template=validate, depends="rollout.Succeeded",
-                 when=f"{P % 'dry-run'} == false && '{{{{tasks.rollout.outputs.parameters.verdict}}}}' != 'unchanged'")
+                 when=f"{P % 'dry-run'} == false && '{{{{tasks.rollout.outputs.parameters.verdict}}}}' != 'unchanged'",
+                 arguments=[Artifact(name="render-cache", from_="{{tasks.check.outputs.artifacts.render-cache}}",
+                                     optional=True)])
             Task(name="promote", template=promote, depends="validate.Succeeded", when=f"'{verdict}' == 'promote'",
                  arguments=run)
             Task(name="rollback", template=rollback, depends="validate.Succeeded || validate.Failed",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from workflows.checks.run import blocking, check_rendered
 from workflows.errors import InputError
+from workflows.render import diff_fields
 from workflows.render.manifest import Rendered, load_release
 from workflows.render.serve_config import build_serve_config, validate_with_ray
 from workflows.spec.release import ReleaseSpec, load_spec, spec_files
@@ -365,7 +366,8 @@ def differential_suite(candidate: Candidate, ref_url: str, release_file: Path) -
     scenario_files, known_file = spec_files(spec.validation, release_file)
     try:
         return for_release(candidate.endpoint.base_url, ref_url, spec.model.id, scenario_files, known_file,
-                           spec.validation.request_timeout_s, run, candidate.progress, candidate.api_key)
+                           spec.validation.request_timeout_s, run, candidate.progress, candidate.api_key,
+                           fields=diff_fields.cached())
     except OSError as exc:
         raise RunFolderError(run / "diff.json", exc) from exc
 

@@ -9,7 +9,7 @@ import copy
 from typing import Any
 
 from workflows.errors import InputError
-from workflows.render import cache
+from workflows.render import cache, diff_fields
 from workflows.spec.release import Phase, ReleaseSpec
 
 IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"
@@ -158,6 +158,7 @@ def _ray_verdict(args: dict[str, Any], model: str = "PDServingArgs") -> RayVerdi
         missing = getattr(exc, "name", None) or ("vllm" if "vLLM" in str(exc) else "ray[serve]")
         raise MissingDependency(missing, "validating the serve config with Ray Serve LLM's own models", exc) from None
 
+    diff_fields.remember()   # vLLM is imported now: the diff's field list costs nothing here (diff_fields.py)
     try:
         Args.model_validate(copy.deepcopy(args))
         verdict = RayVerdict(key=key or "", valid=True)
