@@ -3,7 +3,7 @@
 #   make test      the test suite (what CI runs via .ci/run)
 #   make lint      ruff, mypy and the import contracts over workflows/ and validation/ (CI runs it before the tests)
 #   make docs      the manual: generated pages current, then `mkdocs build --strict` into build/site
-.PHONY: setup release lint docs test test-argo test-rest ci-tiers beside-e2e-then-argo e2e-then-rest step-venv test-e2e test-faults bench-render
+.PHONY: setup release lint docs test test-argo test-rest ci-tiers e2e-then-rest step-venv test-e2e test-faults bench-render
 
 setup:
 	bash scripts/setup.sh
@@ -56,26 +56,18 @@ test-rest: setup
 step-venv:
 	python3 -m tests.step_venv
 
-# Unit modules CI runs beside the e2e tier's real stack, in the Argo tier's process before that tier (whose
-# pipeline runs wait for the e2e session's measuring lock anyway, so its process has the e2e window free):
-# state-based tests (a fault at every write, bad input, static rules on renders), none measures or asserts a
-# latency or gates on client health, hypothesis runs without deadlines. About 295 s of the unit tier's 800 s
-# (2026-12-07: test_kube_idempotent 224 s, mostly waiting on the emulated KubeRay; test_bad_input 42 s), taken
-# off the e2e-then-unit chain. At nice 10 the real stack keeps the CPU it asks for (the e2e tier alone leaves
-# about 0.3 of the 2 cores idle: 840 s of CPU in 505 s).
-BESIDE_E2E = tests/unit/test_kube_idempotent.py tests/unit/test_bad_input.py tests/unit/test_adopt_rules.py \
-	tests/unit/test_check_cache.py tests/unit/test_rules.py tests/unit/test_multinode.py
-
-# (the order: the comment above step-venv, and BESIDE_E2E's)
+# (the order: the comment above step-venv)
+# After the e2e tier, unit + integration run in two pytest-xdist workers (--dist loadfile: a module's fixtures,
+# e.g. a real engine, stay in one worker) beside the Argo tier's pipeline runs: serial, the tier is about 800 s of
+# which 459 s of CPU (2026-12-07), much of it waiting (test_kube_idempotent: 224 s, on the emulated KubeRay), so
+# the two workers overlap. Tried and reverted the same day (docs/measurements.md, run 7): those waiting modules at
+# nice 10 beside the e2e stack instead; its vLLM engines run at nice 10 too (local_stack.NICENESS), so e2e took
+# 859 s instead of about 560 s.
 ci-tiers: setup
-	$(MAKE) --no-print-directory -j2 -O beside-e2e-then-argo e2e-then-rest
-
-beside-e2e-then-argo: setup
-	nice -n 10 .venv/bin/python -m pytest -q $(BESIDE_E2E)
-	.venv/bin/python -m pytest -q tests/argo
+	$(MAKE) --no-print-directory -j2 -O test-argo e2e-then-rest
 
 e2e-then-rest: test-e2e
-	.venv/bin/python -m pytest -q tests/unit tests/integration $(BESIDE_E2E:%=--ignore=%)
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile tests/unit tests/integration
 
 # The real local P/D stack end to end: a release that promotes, one that rolls back (CI runs it).
 test-e2e: setup
