@@ -57,17 +57,15 @@ step-venv:
 	python3 -m tests.step_venv
 
 # (the order: the comment above step-venv)
-# After the e2e tier, unit + integration run in two pytest-xdist workers (--dist loadfile: a module's fixtures,
-# e.g. a real engine, stay in one worker) beside the Argo tier's pipeline runs: serial, the tier is about 800 s of
-# which 459 s of CPU (2026-12-07), much of it waiting (test_kube_idempotent: 224 s, on the emulated KubeRay), so
-# the two workers overlap. Tried and reverted the same day (docs/measurements.md, run 7): those waiting modules at
-# nice 10 beside the e2e stack instead; its vLLM engines run at nice 10 too (local_stack.NICENESS), so e2e took
-# 859 s instead of about 560 s.
+# Tried and reverted on 2026-12-07 (docs/measurements.md, runs 7-9): a few state-based unit modules at nice 10
+# beside the e2e stack (its vLLM engines run at nice 10 too: e2e took 859 s instead of about 560 s), and unit +
+# integration in two pytest-xdist workers beside the Argo tier (579 and 491 s instead of about 810 s, but in run 9
+# two Argo-tier validations were void: client event-loop lag p99 59.5 ms at load 4.9, the validate pod at nice -5).
 ci-tiers: setup
 	$(MAKE) --no-print-directory -j2 -O test-argo e2e-then-rest
 
 e2e-then-rest: test-e2e
-	.venv/bin/python -m pytest -q -n 2 --dist loadfile tests/unit tests/integration
+	$(MAKE) --no-print-directory test-rest
 
 # The real local P/D stack end to end: a release that promotes, one that rolls back (CI runs it).
 test-e2e: setup
