@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from validation.server_metrics import RAY_METRICS_INTERVAL_ENV, RAY_METRICS_LAG_S, ray_export_lag_s
+from validation.server_metrics import RAY_METRICS_INTERVAL_ENV, ray_export_lag_s
 from workflows.errors import InputError
 from workflows.targets import vllm_plugin
 from workflows.targets.base import Progress, TargetError
@@ -137,9 +137,9 @@ class LocalRay:
         10 s: a request showed 10.4 s after it finished); a Ray started without the file (an older
         pdops) is taken to export at Ray's default."""
         try:
-            interval_ms = int(self.interval_file.read_text())
+            interval_ms: int | None = int(self.interval_file.read_text())
         except (OSError, ValueError):
-            return RAY_METRICS_LAG_S
+            interval_ms = None
         return ray_export_lag_s(interval_ms)
 
     def healthy(self) -> bool:
