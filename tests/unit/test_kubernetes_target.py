@@ -103,7 +103,12 @@ def test_timeout_names_unschedulable_pods_and_events(cluster, kuberay, manifests
     target = _target(cluster)
     kuberay.behaviour["blue"] = "stuck"
     target.apply(_record(manifests), Lines())
-    stuck = _eventually(lambda: next((n for n, p in cluster.objects("pods").items() if p["status"]["phase"] == "Pending"), None))
+    # A pod is Pending from its creation, before the emulated scheduler (kuberay.py _bind) has called it
+    # Unschedulable and written the FailedScheduling event: wait for the scheduler's verdict, or the diagnosis
+    # can be taken between the two (CI run of 2026-12-07: the head pod was Pending with no condition yet).
+    stuck = _eventually(lambda: next((n for n, p in cluster.objects("pods").items()
+                                      if any(c.get("reason") == "Unschedulable"
+                                             for c in p["status"].get("conditions") or [])), None))
     progress = Lines()
     started = time.monotonic()
     with pytest.raises(TargetError) as timeout:
