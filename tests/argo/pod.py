@@ -65,7 +65,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
 from kubernetes.utils import parse_quantity
 
@@ -421,17 +420,25 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
         os.chown(p, uid, gid, follow_symlinks=False)
 
 
-def _tree_rss(proc: psutil.Process) -> int:
-    total = 0
-    try:
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    for p in procs:
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def _tree_rss(pid: int) -> int:
+    """RSS of `pid` and its descendants, as psutil's memory_info().rss (/proc/<pid>/statm's resident pages).
+    The tree is walked through /proc/<pid>/task/<tid>/children rather than psutil's children(), which reads
+    every process's stat on the machine: 10 times a second for every running step, 80 of the 1570 CPU
+    samples of the pytest process in a pipeline run (py-spy, 2026-12-07)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
         try:
-            total += p.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-            pass
+            with open(f"/proc/{p}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * PAGE_BYTES
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children", "rb") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+            continue   # ended meanwhile (a zombie's statm reads as zeros)
     return total
 
 
@@ -439,17 +446,13 @@ def _watch(proc: subprocess.Popen, deadline_s: float | None, kill: threading.Eve
            memory_limit: int | None) -> tuple[str | None, int]:
     """(why it was stopped or None, the peak RSS of its process tree)."""
     start = time.monotonic()
-    try:
-        tree: psutil.Process | None = psutil.Process(proc.pid)
-    except psutil.NoSuchProcess:   # ended already
-        tree = None
     peak, next_sample = 0, start
     while proc.poll() is None:
         reason = None
         now = time.monotonic()
-        if tree is not None and now >= next_sample:
+        if now >= next_sample:
             next_sample = now + MEMORY_SAMPLE_S
-            rss = _tree_rss(tree)
+            rss = _tree_rss(proc.pid)
             peak = max(peak, rss)
             if memory_limit is not None and rss > memory_limit:
                 reason = "memory"

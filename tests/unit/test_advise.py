@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -79,7 +80,7 @@ def test_the_local_overlay_gets_a_node_groups_patch_of_its_own(capsys, runs, rep
     assert rc == 0, text
     subprocess.run(["git", "apply", str(patch)], cwd=repo, check=True)
     assert main(["check", str(repo / "overlays" / "local")]) == 0
-    rendered = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "workflows.cli.main", "render",
+    rendered = subprocess.run([sys.executable, "-m", "workflows.cli.main", "render",
                                str(repo / "overlays" / "local")], capture_output=True, text=True, cwd=ROOT)
     rs = next(d for d in yaml.safe_load_all(rendered.stdout) if d and d.get("kind") == "RayService")
     pre = next(g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == "prefill")

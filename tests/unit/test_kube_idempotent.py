@@ -33,7 +33,8 @@ import pytest
 from tests.fakes.kube import start_cluster
 from tests.fakes.kube.server import FAULT_KINDS, WriteFault
 from tests.fakes.kube.store import BY_KIND
-from tests.kube_support import LOCAL_NS, Lines, record, release, target
+from tests.kube_support import LOCAL_NS, Lines, record, release
+from tests.kube_support import target as _target
 from workflows.names import COLOUR_LABEL, DIGEST_ANNOTATION
 from workflows.targets.base import TargetError
 from workflows.targets.kube.readiness import rayservice_state
@@ -42,6 +43,7 @@ from workflows.targets.kube.readiness import rayservice_state
 # RayService; the Service; deletes of two PDBs and a RayService). test_the_write_counts_are_what_the_steps_send
 # fails when a step sends more or fewer, so no write goes untested.
 WRITES = {"rollout": 5, "promote": 5, "rollback": 4, "restore": 10}
+TICK_S = 0.02
 CASES = [(op, n, kind) for op, count in WRITES.items() for n in range(1, count + 1) for kind in FAULT_KINDS]
 
 
@@ -77,6 +79,10 @@ class Scenario:
     prepare: Callable[[object], None]   # target -> the state before the step
     step: Callable[[object], object]     # target -> runs the step
     validated: tuple[str, ...]           # variants whose release passed the gate
+
+
+def target(cluster, **kwargs):
+    return _target(cluster, **{"poll_s": TICK_S, "drain_grace_s": 2 * TICK_S, **kwargs})
 
 
 def _scenarios(manifests) -> dict[str, Scenario]:
@@ -129,7 +135,7 @@ def _run(manifests, op: str, fault: WriteFault | None, tmp_path,
     """Prepare the scenario on a new cluster, run the step once (with `fault`), then retry it (or run
     `then`, e.g. the exit handler) if a fault fired. Returns the final state, the Watch's problems and
     the first try's error (fault-free: the number of writes sent)."""
-    cluster = start_cluster(kubeconfig=tmp_path / "kubeconfig")
+    cluster = start_cluster(kubeconfig=tmp_path / "kubeconfig", tick_s=TICK_S)
     try:
         scenario = _scenarios(manifests)[op]
         scenario.prepare(target(cluster))
@@ -146,7 +152,7 @@ def _run(manifests, op: str, fault: WriteFault | None, tmp_path,
         if fault is not None:
             assert fault.fired is not None, f"write #{fault.nth} was never sent ({len(cluster.writes()) - before} sent)"
             (then or scenario.step)(target(cluster))   # a new process, reading the cluster afresh
-        time.sleep(0.2)   # KubeRay's last status updates, checked by the Watch too
+        time.sleep(4 * TICK_S)   # KubeRay's last status updates, checked by the Watch too
         return _state(cluster), watch.problems, error if fault is not None else len(cluster.writes()) - before
     finally:
         cluster.close()

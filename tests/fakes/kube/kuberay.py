@@ -79,6 +79,7 @@ class FakeKubeRay:
     error: BaseException | None = None
     engine: dict[str, Any] = field(default_factory=dict)  # EngineApp keywords, e.g. longer streams
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)  # per RayService name / colour / role
+    tick_s: float = 0.05   # the reconcile period (run() sets it): ticks stand for time in _timed_out
 
     def __post_init__(self) -> None:
         self.store.listeners.append(self._changed)
@@ -88,10 +89,15 @@ class FakeKubeRay:
             self.network.loop.call_soon_threadsafe(lambda: self.network.loop.create_task(self.network.close(ip)))
 
     async def run(self, tick_s: float) -> None:
+        self.tick_s, settled = tick_s, -1
         while True:
             try:
-                endpoint_slices(self.store)
-                disruption(self.store)
+                # The two controllers are functions of the store alone: with no write since they last ran
+                # (their own writes included) they would write nothing, so they sleep through that tick.
+                if self.store.revision != settled:
+                    endpoint_slices(self.store)
+                    disruption(self.store)
+                    settled = self.store.revision
                 for rs in self.store.list(RS, None)[0]:
                     try:
                         await self.reconcile(rs)
@@ -289,7 +295,7 @@ class FakeKubeRay:
         if not limit or any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or []):
             return False
         cluster = self.clusters.get(rs["metadata"]["uid"])
-        return cluster is not None and cluster.tick * 0.05 > float(limit)
+        return cluster is not None and cluster.tick * self.tick_s > float(limit)
 
     def _status(self, rs: dict, status: dict) -> None:
         ns, name = rs["metadata"]["namespace"], rs["metadata"]["name"]
@@ -316,7 +322,7 @@ def _owner(obj: dict) -> dict:
 
 def _serve_apps(rs: dict) -> list[dict]:
     try:
-        apps = yaml.safe_load(rs["spec"].get("serveConfigV2") or "")["applications"]
+        apps = yaml.load(rs["spec"].get("serveConfigV2") or "", Loader=yaml.CSafeLoader)["applications"]  # as server.py
         return [a for a in apps if isinstance(a, dict)]
     except (TypeError, KeyError, ValueError):
         return []

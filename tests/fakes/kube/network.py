@@ -49,6 +49,7 @@ class Network:
         self._rr = itertools.count()
         self._service_ips: dict[tuple[str, str], str] = {}
         self.errors: list[BaseException] = []
+        self._hosts: tuple[int, str] | None = None   # (store revision, hosts lines)
         store.allocate_ip = lambda: next(self._svc_ips)
         store.listeners.append(self._changed)
 
@@ -135,7 +136,15 @@ class Network:
         return pod["status"]["podIP"], int(target)
 
     def hosts(self) -> str:
-        services, _ = self.store.list(BY_KIND["Service"], None)
+        """/etc/hosts lines for every Service; the pod runner asks every 0.2 s, so kept until the next write."""
+        if self._hosts is not None and self._hosts[0] == self.store.revision:
+            return self._hosts[1]
+        services, revision = self.store.list(BY_KIND["Service"], None)
+        self._hosts = (revision, self._hosts_lines(services))
+        return self._hosts[1]
+
+    @staticmethod
+    def _hosts_lines(services: list[dict]) -> str:
         return "".join(f"{s['spec']['clusterIP']} {s['metadata']['name']}.{s['metadata']['namespace']}.svc.cluster.local "
                        f"{s['metadata']['name']}.{s['metadata']['namespace']}.svc\n"
                        for s in services if (s.get("spec") or {}).get("clusterIP") not in (None, "None"))

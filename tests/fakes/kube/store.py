@@ -16,10 +16,15 @@ unless said otherwise):
   `ValidateConfigMap`: totalSize > core.MaxSecretSize -> 422 Invalid, Too long).
 - dryRun=All: every check above runs, nothing is stored (the caller passes `dry=True`).
 Server-side apply (field managers) is in `apply.py`; HTTP in `server.py`.
+
+Every read returns a copy and every write stores one (as a real client never shares memory with etcd).
+The copy is a pickle round trip, not copy.deepcopy: the same deep copy (shared references within an
+object kept), 3x faster on a rendered RayService (0.046 against 0.138 ms, 2026-12-07), and the test
+cluster copies on every tick of the fake KubeRay and every connection through a Service.
 """
 from __future__ import annotations
 
-import copy
+import pickle
 import re
 import threading
 import uuid
@@ -94,6 +99,11 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _copy(obj: Any) -> Any:
+    """A deep copy (the module docstring says why not copy.deepcopy)."""
+    return pickle.loads(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
+
+
 Key = tuple[Resource, str, str]  # (resource, namespace or "", name)
 
 
@@ -113,7 +123,7 @@ class Store:
             obj = self.objects.get((res, ns, name))
             if obj is None:
                 raise not_found(res, name)
-            return copy.deepcopy(obj)
+            return _copy(obj)
 
     def find(self, res: Resource, ns: str, name: str) -> dict[str, Any] | None:
         try:
@@ -124,7 +134,7 @@ class Store:
     def list(self, res: Resource, ns: str | None, labels: Callable[[dict], bool] = lambda _: True,
              fields: Callable[[dict], bool] = lambda _: True) -> tuple[list[dict[str, Any]], int]:
         with self.lock:
-            items = [copy.deepcopy(o) for (r, n, _), o in sorted(self.objects.items(), key=lambda kv: kv[0][1:])
+            items = [_copy(o) for (r, n, _), o in sorted(self.objects.items(), key=lambda kv: kv[0][1:])
                      if r == res and (ns is None or n == ns)
                      and labels(o["metadata"].get("labels") or {}) and fields(o)]
             return items, self.revision
@@ -134,7 +144,7 @@ class Store:
     def create(self, res: Resource, ns: str, body: dict[str, Any], manager: str, dry: bool = False,
                operation: str = "Update") -> dict[str, Any]:
         with self.lock:
-            obj = copy.deepcopy(body)
+            obj = _copy(body)
             meta = obj.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
@@ -164,7 +174,7 @@ class Store:
             old = self.objects.get((res, ns, name))
             if old is None:
                 raise not_found(res, name)
-            new = copy.deepcopy(body)
+            new = _copy(body)
             meta = new.setdefault("metadata", {})
             if meta.get("name", name) != name:
                 raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
@@ -172,10 +182,10 @@ class Store:
             if wanted and wanted != old["metadata"]["resourceVersion"]:
                 raise conflict(res, name, MODIFIED)
             if subresource == "status":  # status writes change the status only
-                new = {**copy.deepcopy(old), "status": new.get("status")}
+                new = {**_copy(old), "status": new.get("status")}
             else:
                 if res.status:
-                    new["status"] = copy.deepcopy(old.get("status"))
+                    new["status"] = _copy(old.get("status"))
                     if new["status"] is None:
                         new.pop("status")
                 for kept in ("uid", "creationTimestamp", "deletionTimestamp", "generation", "namespace"):
@@ -206,11 +216,11 @@ class Store:
                     raise conflict(res, name, f"Precondition failed: {what} in precondition: {want}, {what} in object meta: {have}")
             if old["metadata"].get("finalizers"):
                 if old["metadata"].get("deletionTimestamp"):
-                    return copy.deepcopy(old)
-                new = copy.deepcopy(old)
+                    return _copy(old)
+                new = _copy(old)
                 new["metadata"].update(deletionTimestamp=now(), deletionGracePeriodSeconds=0)
                 return self._commit(res, ns, new, dry)
-            return self._remove(res, ns, name, dry) or copy.deepcopy(old)
+            return self._remove(res, ns, name, dry) or _copy(old)
 
     # ---- internals ----
 
@@ -238,13 +248,13 @@ class Store:
 
     def _commit(self, res: Resource, ns: str, obj: dict, dry: bool) -> dict[str, Any]:
         if dry:
-            return copy.deepcopy(obj)
+            return _copy(obj)
         self.revision += 1
         obj["metadata"]["resourceVersion"] = str(self.revision)
         key = (res, ns, obj["metadata"]["name"])
         self.objects[key] = obj
         self._notify(key, obj)
-        return copy.deepcopy(obj)
+        return _copy(obj)
 
     def _remove(self, res: Resource, ns: str, name: str, dry: bool) -> dict | None:
         if dry:
@@ -256,8 +266,8 @@ class Store:
         for key, obj in list(self.objects.items()):
             if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or []) and key in self.objects:
                 self.delete(key[0], key[1], key[2])
-        return copy.deepcopy(old)
+        return _copy(old)
 
     def _notify(self, key: Key, obj: dict | None) -> None:
         for listener in list(self.listeners):
-            listener(key, copy.deepcopy(obj) if obj is not None else None)
+            listener(key, _copy(obj) if obj is not None else None)
