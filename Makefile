@@ -32,10 +32,10 @@ test: setup
 	$(MAKE) --no-print-directory -j2 -O test-argo test-rest
 
 test-argo: setup
-	.venv/bin/python -m pytest -q tests/argo
+	.venv/bin/python -m pytest -q --durations=15 tests/argo
 
 test-rest: setup
-	.venv/bin/python -m pytest -q tests/unit tests/integration
+	.venv/bin/python -m pytest -q --durations=15 tests/unit tests/integration
 
 # CI's order (.ci/run): the Argo tier in one process; the e2e release tests then unit + integration in the
 # other, each tier's output printed when it ends (-O). The Argo tier's pipeline runs gate on the client's
@@ -77,7 +77,7 @@ e2e-then-rest: test-e2e
 
 # The real local P/D stack end to end: a release that promotes, one that rolls back (CI runs it).
 test-e2e: setup
-	.venv/bin/python -m pytest -q -m e2e tests/e2e/test_release_local.py
+	.venv/bin/python -m pytest -q --durations=5 -m e2e tests/e2e/test_release_local.py
 
 # Faults injected into the real stack (engines killed, never ready, pipeline killed, races).
 test-faults: setup

@@ -6,11 +6,12 @@ candidate diverge in one way at a time, and the suite must name exactly the case
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from tests.fakes.diff_fake import DiffFake, Plant
-from validation.diff import matrix
+from validation.diff import matrix, runner
 from validation.diff.command import diff
 from workflows.cli.main import main
 
@@ -196,3 +197,70 @@ def test_the_api_key_reaches_both_sides_and_no_output(tmp_path, capsys, monkeypa
     out = capsys.readouterr()
     assert code == 0 and report["cases"][0]["candidate"]["answer"]["status"] == 200   # the key was sent
     assert key not in json.dumps(report) + out.out + out.err
+
+
+class _Engine:
+    """An HTTP engine that answers after `delay_s` and records how many requests it held at once."""
+
+    def __init__(self, delay_s: float) -> None:
+        import http.server
+        import threading
+
+        engine = self
+        self.delay_s, self.inflight, self.peak, self.spans = delay_s, 0, 0, []
+        self.lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:   # noqa: N802 - http.server's name
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with engine.lock:
+                    engine.inflight += 1
+                    engine.peak = max(engine.peak, engine.inflight)
+                    start = time.monotonic()
+                time.sleep(engine.delay_s)
+                with engine.lock:
+                    engine.inflight -= 1
+                    engine.spans.append((start, time.monotonic()))
+                body = json.dumps({"id": "x", "object": "text_completion", "model": MODEL, "choices": []}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_two_sides_of_a_case_go_together_but_each_engine_holds_one_request_at_a_time():
+    """runner.Sender: the candidate's and the reference's request of a case in flight together (two engines),
+    never two on one engine (a batch of two may change a greedy token); an engine diffed against itself gets
+    its requests strictly one after the other."""
+    cases = [c for c in matrix.cases() if c.also_stream][:6]
+    cand, ref = _Engine(0.1), _Engine(0.1)
+    try:
+        started = time.monotonic()
+        runner.run(cases, cand.base_url, ref.base_url, MODEL)
+        together = time.monotonic() - started
+        assert (cand.peak, ref.peak) == (1, 1)
+        assert len(cand.spans) == len(ref.spans) == 2 * len(cases)
+        overlapping = sum(1 for a0, a1 in cand.spans for b0, b1 in ref.spans if a0 < b1 and b0 < a1)
+        assert overlapping >= 2 * len(cases), overlapping   # each pair was in flight at once
+        assert together < 0.75 * (4 * len(cases) * 0.1), together   # one request at a time would take 2.4 s
+
+        started = time.monotonic()
+        runner.run(cases, cand.base_url, cand.base_url, MODEL)
+        alone = time.monotonic() - started
+        assert cand.peak == 1 and len(cand.spans) == 2 * len(cases) + 4 * len(cases)
+        assert alone >= 4 * len(cases) * 0.1, alone
+    finally:
+        cand.close()
+        ref.close()
