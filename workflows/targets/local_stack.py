@@ -35,6 +35,11 @@ ENGINE_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "VLLM_LOGGING_LEVEL": "INFO",  # the engines' logs are the evidence when a deploy fails
     vllm_plugin.SWITCH: "0",  # NIXL's progress thread spins a core per engine; see there
+    # `pdops down` SIGTERMs `ray start --block`, whose handler (ray/_private/node.py, Ray 2.60
+    # _drain_node_before_shutdown) drains the node for up to this many seconds (default 30) waiting for
+    # Serve to move its replicas elsewhere. A one-node local Ray has nowhere to move them, so every stop
+    # waited the whole 30 s (the e2e tier's teardown: 31 s in CI, 2026-12-07); 0 is Ray's own "no drain".
+    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
 }
 HOST = "127.0.0.1"
 NICENESS = 10
