@@ -70,10 +70,14 @@ ci-tiers: setup
 # tier's minutes waiting for the measuring lock anyway. A lint failure still fails CI, at the end.
 lint-then-argo: setup
 	nice -n 19 $(MAKE) --no-print-directory lint docs
+	@echo "[ci] lint and docs ended at $$(date -u +%T)"
 	$(MAKE) --no-print-directory test-argo
+	@echo "[ci] the Argo tier ended at $$(date -u +%T)"
 
 e2e-then-rest: test-e2e
+	@echo "[ci] e2e ended at $$(date -u +%T)"
 	$(MAKE) --no-print-directory test-rest
+	@echo "[ci] unit + integration ended at $$(date -u +%T)"
 
 # The real local P/D stack end to end: a release that promotes, one that rolls back (CI runs it).
 test-e2e: setup
