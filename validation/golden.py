@@ -59,8 +59,9 @@ def compare(reference: list[dict[str, Any]], candidate: list[dict[str, Any]]) ->
     cases: list[dict[str, Any]] = []
     for i, (ref, cand) in enumerate(zip(reference, candidate, strict=False)):
         r, c = ref.get("token_ids"), cand.get("token_ids")
-        if cand.get("error"):
-            cases.append({"prompt": i, "ok": False, "problem": f"candidate request failed: {cand['error']}"})
+        if cand.get("error") or ref.get("error"):
+            side, failed = ("candidate", cand) if cand.get("error") else ("reference", ref)
+            cases.append({"prompt": i, "ok": False, "problem": f"{side} request failed: {failed['error']}"})
             continue
         if r is None or c is None:
             cases.append({"prompt": i, "ok": False, "problem": "no token_ids in the "

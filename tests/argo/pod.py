@@ -197,7 +197,11 @@ class PodRunner:
         RayService reaches its `<rs>-serve-svc`, e.g. the single-engine reference): glibc reads
         /etc/hosts on every lookup, so the pod sees the rewritten file."""
         while proc.poll() is None and callable(self.hosts):
-            time.sleep(0.2)
+            # 20 ms, not 0.2 s: a step that sees a new RayService ready can call its Service within 0.25 s (the
+            # waits' first look, targets/polling.py), and a stale file then fails the lookup, as CoreDNS (which
+            # serves a Service as soon as its watch delivers it) would not: the golden-token requests of an Argo
+            # run to the new reference failed so once (CI, 2026-12-07). hosts() is cached per store revision.
+            time.sleep(0.02)
             try:
                 self._hosts_file(d)
             except FileNotFoundError:   # the pod ended meanwhile and its folder was removed
