@@ -136,7 +136,7 @@ class Network:
         return pod["status"]["podIP"], int(target)
 
     def hosts(self) -> str:
-        """/etc/hosts lines for every Service; the pod runner asks every 0.2 s, so kept until the next write."""
+        """/etc/hosts lines for every Service; the pod runner asks every 20 ms, so kept until the next write."""
         if self._hosts is not None and self._hosts[0] == self.store.revision:
             return self._hosts[1]
         services, revision = self.store.list(BY_KIND["Service"], None)
