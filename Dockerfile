@@ -5,7 +5,9 @@
 # It installs through scripts/setup.sh, the same script and pins as `make test`, so the image and
 # CI cannot differ: layers vllm (Ray Serve LLM's config models import vLLM: without it
 # `pdops build-config`/`check` fail), ray and this project; not NIXL (no engine runs in a step).
-# tests/unit/test_step_image.py pins that this file installs nothing any other way.
+# tests/unit/test_step_image.py pins that this file installs nothing any other way. The installer is uv,
+# bootstrapped by pip; setup.sh carries PIP_NO_CACHE_DIR and PIP_EXTRA_INDEX_URL over to it (no uv cache stays
+# in the layer; the extra index searched as pip does).
 #
 # Build (the pinned CRD/JSON schemas are package data of this repository, workflows/data/schemas, so
 # the installed wheel carries them and `pdops check` validates offline against the same pins as CI):

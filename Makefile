@@ -49,9 +49,9 @@ test-rest: setup
 # (client lag p99 12.5 ms) and failed a unit timing test (test_balance), every tier 25 min.
 
 # The step image's venv (tests/step_venv.py), built before the tiers: .ci/run runs it beside `make setup`
-# (each pip install is about one core of the two; tests/step_venv.py needs only the standard library, so
+# (the second links what the first unpacked into uv's cache; tests/step_venv.py needs only the standard library, so
 # the machine's python3 runs it before .venv exists). The Argo tier builds it itself when missing, but then
-# waits for it with the other tiers competing (about 20 min cold at load 7-13 on 2 cores, against 255 s
+# waits for it with the other tiers competing (with pip: about 20 min cold at load 7-13 on 2 cores, against 255 s
 # beside light work).
 step-venv:
 	python3 -m tests.step_venv

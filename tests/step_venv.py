@@ -2,12 +2,11 @@
 
 Built the way the Dockerfile builds the image: `bash scripts/setup.sh` with the Dockerfile's PDOPS_SETUP_*
 settings (layers vllm, ray, project; the project non-editable, no dev extras) into a fresh virtualenv. A
-fresh build took 359 s of the unit tier's 1253 s (docs/measurements.md, "Where the suite's time goes"): pip
-unpacks vLLM CPU, torch and Ray (about 3 GB) from the machine's wheels and local indexes, so pip's cache
-has nothing to save (its HTTP cache stays empty: `file://` indexes are not cached).
+fresh build took 359 s of the unit tier's 1253 s with pip (docs/measurements.md, "Where the suite's time goes"),
+about 40 s with uv since 2026-12-07 (setup.sh), still a build worth keeping.
 
 So the venv is kept in a cache folder (PDOPS_STEP_VENV_CACHE, default ~/.cache/pdops-tests/step-venv,
-outside the clone so a fresh clone on the same machine finds it, as it finds pip's cache),
+outside the clone so a fresh clone on the same machine finds it, as it finds uv's cache),
 one per key: the bytes of everything the install reads from this repository besides the code (setup.sh
 with its pins, the Dockerfile with its ENV, pyproject.toml with the dependencies) and the Python that
 makes the venv. A machine with no such folder (a fresh CI runner) builds it on the first run: the cold
@@ -16,7 +15,7 @@ again only when a key input changes, as setup.sh's stamps skip an unchanged laye
 so a new release of an unpinned dependency on the index is met at the next key change, not every run. The
 project layer is installed again only when the installed workflows/ and validation/ (their .py files and
 package data) differ from the code wanted (`installed_code_differs`): then its stamp is removed and setup.sh's
-`pip install "$root"` reinstalls the local directory, so the code under test is the code that runs. The code
+`uv pip install --reinstall-package pdops "$root"` reinstalls the local directory, so the code under test is the code that runs. The code
 wanted is `src`: this checkout for tests/unit/test_step_image.py, the revision's `git archive` for the Argo
 tier (tests/argo/conftest.py), which is what the image would be built from (setup.sh runs from `src`).
 The build runs at nice BUILD_NICE (10, absolute): below the Argo tier's client (-5) and fake engines (0), whose
