@@ -35,9 +35,18 @@ ENV, NS, RELEASE = "dev", "llm-dev", "pd-llm"
 _NEXT_ENGINE: dict = {}
 
 
+# The tier's engines stream a token every 20 ms (EngineApp's default is 5 ms), as a real decode step of a large
+# model does, not faster. At 5 ms a dev validation's load (1,600 requests at concurrency 16) kept its client's
+# worker at 28-38 % of a core and the fake engines busy in proportion, against 11-13 % at 20 ms (alone, 2026-12-07,
+# scripts/bench_client_load.py; docs/measurements.md); beside the unit tier the machine was then oversubscribed and the
+# client's event loop stalled (CI run 18: lag p99 53 ms > 10 ms at load 2.6), which voids the measurement and
+# rolls a good release back. The load takes 16 s instead of 6.
+INTER_TOKEN_DELAY_S = 0.02
+
+
 def engine_factory(model: str) -> EngineApp:
     """Replaces EngineApp in the fake KubeRay (patched for the session by the tier's conftest)."""
-    behaviour = dict(_NEXT_ENGINE)
+    behaviour = {"inter_token_delay": INTER_TOKEN_DELAY_S, **_NEXT_ENGINE}
     _NEXT_ENGINE.clear()
     app = EngineApp(model, **{k: v for k, v in behaviour.items() if k != "broken"})
     if "broken" in behaviour:
