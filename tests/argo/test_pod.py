@@ -147,3 +147,52 @@ def test_the_service_account_holds_only_what_the_committed_role_grants(runner, a
             cluster.api.rbac.denied
     finally:
         cluster.close()
+
+
+def test_the_memory_watcher_counts_a_vforked_child_once_and_a_forked_one_fully():
+    """The pod runner's memory limit sums its process tree's RSS (tests/argo/pod.py _tree_rss). CPython starts a
+    subprocess by vfork, and until its exec the child's /proc statm shows the parent's pages: counted twice, a
+    check step of 690 MiB running kustomize read 1385 MiB and was killed over its 1 GiB limit (CI run 20 of
+    2026-12-07), which the kernel's cgroup (a page counted once) would not do. Emulated: memory.max by a sampler;
+    real: the processes, vfork and kcmp(2)."""
+    import subprocess
+    import sys
+    import threading
+
+    from tests.argo.pod import _tree_rss
+
+    script = """
+import subprocess, sys
+held = bytearray(300 * 2**20)
+for i in range(0, len(held), 4096): held[i] = 1
+print("ready", flush=True)
+sys.stdin.readline()
+for _ in range(400): subprocess.run(["true"])
+print("spawned", flush=True)
+sys.stdin.readline()
+child = subprocess.Popen([sys.executable, "-c", "b = bytearray(100 * 2**20)\\nfor i in range(0, len(b), 4096): b[i] = 1\\nprint('x', flush=True)\\ninput()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
+print("child", flush=True)
+sys.stdin.readline()
+child.communicate("\\n")
+"""
+    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        own = _tree_rss(parent.pid)
+        samples: list[int] = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=lambda: [samples.append(_tree_rss(parent.pid)) for _ in iter(stop.is_set, True)])
+        sampler.start()
+        parent.stdin.write("\n"); parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "spawned"
+        stop.set(); sampler.join()
+        assert len(samples) > 100 and own > 300 * 2**20
+        assert max(samples) < own + 50 * 2**20, (own, max(samples))
+        parent.stdin.write("\n"); parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "child"
+        assert _tree_rss(parent.pid) > own + 90 * 2**20   # a forked child's own pages still count
+        parent.stdin.write("\n"); parent.stdin.flush()
+    finally:
+        parent.kill()
+        parent.wait()

@@ -37,7 +37,15 @@ def test_bench_measures_real_vllm_and_joins_server_histograms(vllm_server):
     assert result.lengths.output_mismatches == 0  # ignore_eos: exactly the asked-for tokens, by usage
     server = result.server.histograms["time_to_first_token_seconds"]
     assert server.metric == "vllm:time_to_first_token_seconds" and server.count == 6
-    # TPOT is 0 for a request whose tokens all came in its first chunk (vLLM coalesces when the
-    # client lags; seen in a CI run), so it is bounded, not required to be positive.
     assert 0 < result.ttft_ms.p50 <= result.e2e_ms.p50
-    assert 0 <= result.tpot_ms.p50 <= result.e2e_ms.p50
+    # TPOT is timed only where the client saw decode (validation/metrics.py decode_timing): on a busy machine
+    # vLLM's 16 tokens can reach the client in one read, and such a request's TPOT is not measured but counted
+    # with its reason (CI run 20 of 2026-12-07, beside the Argo tier: all 6 requests, tpot_ms null).
+    unmeasured = result.tpot_unmeasured or {}
+    timed = (result.tpot_ms.count or 0) if result.tpot_ms else 0
+    assert timed + sum(unmeasured.values()) == 6, (result.tpot_ms, unmeasured)
+    assert set(unmeasured) <= {"one_read", "decode_not_timed"}, unmeasured
+    if timed:
+        assert 0 <= result.tpot_ms.p50 <= result.e2e_ms.p50
+    else:
+        assert "tpot_ms" in result.missing, result.missing
