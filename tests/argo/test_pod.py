@@ -182,7 +182,11 @@ child.communicate("\\n")
         own = _tree_rss(parent.pid)
         samples: list[int] = []
         stop = threading.Event()
-        sampler = threading.Thread(target=lambda: [samples.append(_tree_rss(parent.pid)) for _ in iter(stop.is_set, True)])
+
+        def sample() -> None:
+            while not stop.is_set():
+                samples.append(_tree_rss(parent.pid))
+        sampler = threading.Thread(target=sample)
         sampler.start()
         parent.stdin.write("\n"); parent.stdin.flush()
         assert parent.stdout.readline().strip() == "spawned"
