@@ -130,6 +130,11 @@ class SLO(_Strict):
     # machine where the harness must share its cores with the engines (overlays/local), whose
     # figures are reports anyway; the starvation is still shown in every report.
     client_health: Literal["required", "ignored"] = "required"
+    # With client_health required: a load whose measurement came back void is measured again, at most this
+    # many times, before the gate fails closed on it (workflows/pipeline/steps.py CandidateLoads.measure: a
+    # void run is the tool's error, not the candidate's failure; Argo Rollouts' consecutiveErrorLimit). 1: a
+    # passing noise (another pod's start on the node) costs one more run of the load instead of a rollback.
+    remeasure_void: int = Field(1, ge=0, le=4)
     vs_stable: VsStable | None = None
     statistics: Statistics = Statistics()
 

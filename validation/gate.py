@@ -223,10 +223,14 @@ def _client_check(out: _Checks, b: BenchReport, lab: str, slo: SLO) -> None:
         out.add("client_bottleneck", True, f"{lab}: client was starved (not gated: slo.client_health ignored): "
                 + "; ".join(ch.reasons), lab)
     elif ch.client_bottleneck:
-        out.add("client_bottleneck", False, f"{lab}: measurement void, client was the bottleneck: "
+        runs = (f" (every one of its {len(b.void_attempts) + 1} runs void; slo.remeasure_void measured it "
+                f"{len(b.void_attempts)} time(s) more)") if b.void_attempts else ""
+        out.add("client_bottleneck", False, f"{lab}: measurement void, client was the bottleneck{runs}: "
                 + "; ".join(ch.reasons), lab)
     else:
-        out.add("client_bottleneck", True, f"{lab}: client healthy", lab)
+        again = (f" (measured again after {len(b.void_attempts)} void run(s), slo.remeasure_void: "
+                 + "; ".join(b.void_attempts) + ")") if b.void_attempts else ""
+        out.add("client_bottleneck", True, f"{lab}: client healthy{again}", lab)
     ok_n = b.requests_ok
     out.add("requests_ok", bool(ok_n), f"{lab}: {ok_n if ok_n is not None else 'no count of'} successful requests"
             + ("" if ok_n is not None else f" ({b.missing.get('requests_ok', 'not in the report')})"), lab, ok_n, 1)

@@ -65,6 +65,7 @@ def merge_bench(a: BenchReport, b: BenchReport) -> BenchReport:
     ha, hb = a.client_health, b.client_health
     out.client_health = hb.model_copy(update={"client_bottleneck": ha.client_bottleneck or hb.client_bottleneck,
                                               "reasons": ha.reasons + hb.reasons})
+    out.void_attempts = a.void_attempts + b.void_attempts
     ka = a.server.kv if a.server is not None else None
     kb = b.server.kv if b.server is not None else None
     if ka is not None and kb is not None and out.server is not None:

@@ -329,3 +329,63 @@ def test_validate_refuses_a_slot_holding_another_release(server, overlay, tmp_pa
     target.stable = steps.record_of(rendered, "x").model_copy(update={"model": "another-model"})
     with pytest.raises(TargetError, match="serves model another-model"):
         steps.validate_slot(target, rendered.spec, tmp_path, lambda m: None, slot="stable")
+
+
+def starve_the_first_runs(monkeypatch, tmp_path, void_runs: int) -> Path:
+    """The client's event loop stalls in the first `void_runs` runs of the load: each of their health
+    summaries gets lag samples 100 times the limit added to its own, as a loop blocked by a neighbour would
+    record (validation/loadgen.py summarize_health judges them as usual). Returns the file counting the runs
+    (the load runs in a forked worker, so the count lives in a file, not in this process)."""
+    from validation import loadgen
+
+    runs, real = tmp_path / "health-calls", loadgen.summarize_health
+
+    def summarize(lags_ms, cpu, machine=None):
+        with runs.open("a") as f:
+            f.write("run\n")
+        n = len(runs.read_text().splitlines())
+        stalled = [loadgen.LAG_P99_LIMIT_MS * 100] * max(1, len(lags_ms)) if n <= void_runs else []
+        return real([*lags_ms, *stalled], cpu, machine)
+
+    monkeypatch.setattr(loadgen, "summarize_health", summarize)
+    return runs
+
+
+@pytest.mark.parametrize("void_runs, remeasure, verdict", [(1, 1, "promote"), (2, 1, "rollback"), (1, 0, "rollback")])
+def test_a_void_load_is_measured_again_before_the_gate_fails_it_closed(server, overlay, tmp_path, monkeypatch,
+                                                                        void_runs, remeasure, verdict):
+    """slo.remeasure_void: a load whose client was starved (a void measurement, the tool's error) runs again,
+    at most `remeasure` times; the gate judges the last run, so a void that persists still rolls back, and the
+    earlier void runs stay in the run folder and are named in the decision."""
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 1_000.0)   # only the injected stall voids a run
+    runs = starve_the_first_runs(monkeypatch, tmp_path, void_runs)
+    edit(overlay, slo__client_health="required", slo__remeasure_void=remeasure)
+    out, folder = run(overlay, RecordingTarget(endpoint(server)), tmp_path)
+    assert out.verdict == verdict, out.reasons
+    measured = min(void_runs, remeasure) + 1 if verdict == "promote" else remeasure + 1
+    assert len(runs.read_text().splitlines()) == measured
+    kept = json.loads((folder / "bench-0-balanced.json").read_text())
+    assert len(kept["void_attempts"]) == measured - 1 and all("lag" in r for r in kept["void_attempts"])
+    assert sorted(p.name for p in folder.glob("bench-0-balanced.void-*.json")) == [
+        f"bench-0-balanced.void-{k}.json" for k in range(1, measured)]
+    check = next(c for c in json.loads((folder / "report.json").read_text())["decision"]["checks"]
+                 if c["check"] == "client_bottleneck")
+    assert check["ok"] == (verdict == "promote"), check
+    if verdict == "promote":
+        assert "measured again after 1 void run(s)" in check["message"], check
+    elif remeasure:
+        assert f"every one of its {measured} runs void" in check["message"], check
+    else:
+        assert "runs void" not in check["message"] and "measurement void" in check["message"], check
+
+
+def test_a_starved_client_is_not_measured_again_where_client_health_is_ignored(server, overlay, tmp_path,
+                                                                                monkeypatch):
+    """overlays/local (slo.client_health: ignored) reports a starved client and judges the run anyway: no
+    second run of the load."""
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 1_000.0)
+    runs = starve_the_first_runs(monkeypatch, tmp_path, 1)
+    out, folder = run(overlay, RecordingTarget(endpoint(server)), tmp_path)
+    assert out.verdict == "promote", out.reasons
+    assert len(runs.read_text().splitlines()) == 1
+    assert json.loads((folder / "bench-0-balanced.json").read_text())["void_attempts"] == []

@@ -229,6 +229,8 @@ class BenchReport(ReportModel):
     looks: list[dict[str, Any]] | None = None    # slo.statistics extend: each look's own summary
     interleaved: Interleaved | None = None       # slo.vs_stable.measure: live
     stopped_early: StoppedEarly | None = None    # slo.statistics.stop_early: the load stopped at an interim look
+    # slo.remeasure_void: why each earlier run of this load was void (its client starved) and measured again
+    void_attempts: list[str] = Field(default_factory=list)
     # Phase balance verdict (issue 16's companion work, helper `balance`): its typed model goes here.
     balance: dict[str, Any] | None = None
     missing: dict[str, str] = Field(default_factory=dict)   # dotted path of a null figure -> why

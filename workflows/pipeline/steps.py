@@ -244,7 +244,33 @@ class CandidateLoads:
         return bench
 
     def measure(self, i: int, load: LoadProfile, warmup: int, seed: int) -> BenchReport:
-        """One look at load #i: paired with the baseline (measure: live), else on the candidate alone;
+        """One look at load #i, measured again while it comes back void (its client was starved, so its latencies
+        say nothing of the candidate), at most slo.remeasure_void times; each void attempt is kept as
+        RUN/bench-<i>-<profile>.void-<n>.json and named in the kept report's `void_attempts`. A void attempt
+        is an error of the measuring tool, not a failure of the candidate: Argo Rollouts counts a metric's
+        Error measurements apart from its Failed ones and errs the analysis only after consecutiveErrorLimit
+        of them in a row (utils/defaults/defaults.go DefaultConsecutiveErrorLimit = 4). The gate still judges
+        one valid run of each look, so its stated error rates (those of a valid run, docs/gate.md) hold; what a
+        void attempt's interim looks decided is discarded with it. The last attempt, void too, is what the gate
+        sees and fails closed on (slo.client_health: required)."""
+        spec, progress = self.candidate.spec, self.candidate.progress
+        retries = spec.slo.remeasure_void if spec.slo.client_health == "required" else 0
+        voided: list[str] = []
+        for attempt in range(retries + 1):
+            bench = self._measure_once(i, load, warmup, seed)
+            reasons = bench.client_health.reasons if bench.client_health.client_bottleneck else None
+            if reasons is None or attempt == retries:
+                bench.void_attempts = voided + bench.void_attempts
+                return bench
+            why = "; ".join(reasons) or "client_health.client_bottleneck"
+            voided.append(why)
+            _dump(self.candidate.run / f"bench-{i}-{load.profile}.void-{attempt + 1}.json", bench)
+            progress(f"[validate] load #{i} {load.profile}: measurement void, the client was starved ({why}); "
+                     f"measuring it again ({attempt + 1} of slo.remeasure_void {retries})")
+        raise AssertionError("unreachable: the last attempt returns")
+
+    def _measure_once(self, i: int, load: LoadProfile, warmup: int, seed: int) -> BenchReport:
+        """One run of load #i: paired with the baseline (measure: live), else on the candidate alone;
         either with the interim looks of slo.statistics.stop_early (validation/interim.py)."""
         from validation import interim
 
