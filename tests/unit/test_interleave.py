@@ -12,11 +12,12 @@ import statistics
 import threading
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import pytest
 
 from tests.fakes.known_timing_server import KnownTimingServer
+from tests.fakes.starved_client import starve
 from tests.unit import test_release_flow
 from tests.unit.test_release_flow import RecordingTarget, edit, endpoint
 from validation import interleave
@@ -273,3 +274,75 @@ def test_foreign_requests_on_the_baseline_void_the_block(faster_stable):
     assert why is not None and "3 were not ours" in why and "sent 30" in why
     blind = busy.model_copy(update={"server": None})
     assert "could not be read" in interleave.foreign_requests(blind)   # unverifiable: fails closed
+
+
+@pytest.mark.parametrize("stalled", [1, 2])
+def test_a_block_timed_by_a_starved_client_voids_its_pair_on_either_side(
+        server, faster_stable, user_facing, overlay, tmp_path, monkeypatch, stalled):
+    """slo.client_health: required. The client stalls in the first or second block of pair 0 (the order is
+    seeded random, so either side): that pair is dropped with the reason, pair 1 is compared. A baseline timed
+    by a starved client looks slower than it is: kept, every vs_stable ratio against it favours the candidate."""
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)   # only the injected stall voids a block
+    target, rendered = slots(server, faster_stable, user_facing, overlay, tmp_path, {"ttft_p90": 1.5, "blocks": 2})
+    # no warm-up: a warm-up is a run of its own whose client health is not judged, so each block is one run
+    edit(overlay, slo__client_health="required", validation__load=[
+        {"profile": "balanced", "concurrency": 2, "requests": 8, "warmup_requests": 0}])
+    rendered = steps.load_release(str(overlay), None)
+    (tmp_path / "v").mkdir()
+    runs = starve(monkeypatch, tmp_path, {stalled})
+    result = steps.validate_slot(target, rendered.spec, tmp_path / "v", lambda m: None, digest=target.candidate.digest)
+    (stab,) = result.stable_benches
+    side = {"C": "candidate", "S": "stable"}[stab.interleaved.order[stalled - 1]]
+    # no run of the whole load again: the pair went, not the load (after a void first block, the pair's
+    # second is not run: validation/interleave.py measure)
+    assert len(runs.read_text().splitlines()) == (3 if stalled == 1 else 4)
+    (void,) = stab.interleaved.void
+    assert (void.pair, void.side) == (0, side) and "the client was starved: " in void.reason, void
+    cand = result.benches[0]
+    assert stab.interleaved.pairs == 1 and stab.requests_ok == cand.requests_ok == 4
+    assert not cand.client_health.client_bottleneck and cand.void_attempts == []
+    assert not stab.client_health.client_bottleneck
+
+
+def test_a_load_void_in_every_pair_is_measured_again_without_the_void_runs_baseline(
+        server, faster_stable, user_facing, overlay, tmp_path, monkeypatch):
+    """Every block of the first run of the load is void and so is the candidate's fallback run (AllVoid): the
+    load runs again (slo.remeasure_void: 1) and the void run leaves nothing behind: not its baseline blocks, not
+    its "every block pair was void" (which would fail vs_stable closed)."""
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    target, rendered = slots(server, faster_stable, user_facing, overlay, tmp_path, {"ttft_p90": 1.5, "blocks": 2})
+    # no warm-up: a warm-up is a run of its own whose client health is not judged, so each block is one run
+    edit(overlay, slo__client_health="required", validation__load=[
+        {"profile": "balanced", "concurrency": 2, "requests": 8, "warmup_requests": 0}])
+    rendered = steps.load_release(str(overlay), None)
+    (tmp_path / "v").mkdir()
+    runs = starve(monkeypatch, tmp_path, {1, 2, 3})
+    result = steps.validate_slot(target, rendered.spec, tmp_path / "v", lambda m: None, digest=target.candidate.digest)
+    # each pair's first block void (its second not run), the candidate's fallback run void; then 2 pairs
+    assert len(runs.read_text().splitlines()) == 7
+    (stab,) = result.stable_benches
+    assert stab.interleaved.pairs == 2 and stab.interleaved.first_block == 0 and stab.interleaved.void == []
+    assert stab.requests_ok == 8 and result.benches[0].requests_ok == 8
+    assert len(result.benches[0].void_attempts) == 1
+    failed = [c.check for c in result.decision.checks if not c.ok]
+    assert failed == ["vs_stable_ttft_p90"], result.decision.reasons   # compared: the baseline is 10x faster
+
+
+def test_undo_forgets_what_a_thrown_away_run_of_a_load_left_in_the_baseline(tmp_path):
+    """PairedLoads.mark/undo, as CandidateLoads.measure uses them around a void run: the baseline's blocks and
+    the `missing` lines that run added go; what earlier looks and loads left stays."""
+    from workflows.pipeline.paired import PairedLoads
+
+    paired = PairedLoads(lambda: nullcontext(Skipped("none")), None, None, 2, lambda m: None,  # type: ignore[arg-type]
+                         lambda p, o: None, tmp_path)
+    earlier, void_run = object(), object()
+    paired.stable[0], paired.missing[:] = earlier, ["load #1 balanced: no baseline could run"]
+    mark = paired.mark(0)
+    paired.stable[0] = void_run
+    paired.missing.append("load #0 balanced: every block pair was void")
+    paired.undo(0, mark)
+    assert paired.stable == {0: earlier} and paired.missing == ["load #1 balanced: no baseline could run"]
+    mark = paired.mark(2)
+    paired.stable[2] = void_run
+    paired.undo(2, mark)
+    assert 2 not in paired.stable

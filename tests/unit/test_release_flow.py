@@ -19,6 +19,7 @@ import yaml
 from tests.conftest import local_overlay
 from tests.fakes.fault_proxy import FaultProxy
 from tests.fakes.known_timing_server import KnownTimingServer
+from tests.fakes.starved_client import starve
 from workflows.errors import InputError
 from workflows.pipeline import steps
 from workflows.targets.base import Endpoint, SlotStatus, TargetError, TargetStatus
@@ -331,25 +332,6 @@ def test_validate_refuses_a_slot_holding_another_release(server, overlay, tmp_pa
         steps.validate_slot(target, rendered.spec, tmp_path, lambda m: None, slot="stable")
 
 
-def starve_the_first_runs(monkeypatch, tmp_path, void_runs: int) -> Path:
-    """The client's event loop stalls in the first `void_runs` runs of the load: each of their health
-    summaries gets lag samples 100 times the limit added to its own, as a loop blocked by a neighbour would
-    record (validation/loadgen.py summarize_health judges them as usual). Returns the file counting the runs
-    (the load runs in a forked worker, so the count lives in a file, not in this process)."""
-    from validation import loadgen
-
-    runs, real = tmp_path / "health-calls", loadgen.summarize_health
-
-    def summarize(lags_ms, cpu, machine=None):
-        with runs.open("a") as f:
-            f.write("run\n")
-        n = len(runs.read_text().splitlines())
-        stalled = [loadgen.LAG_P99_LIMIT_MS * 100] * max(1, len(lags_ms)) if n <= void_runs else []
-        return real([*lags_ms, *stalled], cpu, machine)
-
-    monkeypatch.setattr(loadgen, "summarize_health", summarize)
-    return runs
-
 
 @pytest.mark.parametrize("void_runs, remeasure, verdict", [(1, 1, "promote"), (2, 1, "rollback"), (1, 0, "rollback")])
 def test_a_void_load_is_measured_again_before_the_gate_fails_it_closed(server, overlay, tmp_path, monkeypatch,
@@ -357,8 +339,8 @@ def test_a_void_load_is_measured_again_before_the_gate_fails_it_closed(server, o
     """slo.remeasure_void: a load whose client was starved (a void measurement, the tool's error) runs again,
     at most `remeasure` times; the gate judges the last run, so a void that persists still rolls back, and the
     earlier void runs stay in the run folder and are named in the decision."""
-    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 1_000.0)   # only the injected stall voids a run
-    runs = starve_the_first_runs(monkeypatch, tmp_path, void_runs)
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)   # only the injected stall voids a run
+    runs = starve(monkeypatch, tmp_path, range(1, void_runs + 1))
     edit(overlay, slo__client_health="required", slo__remeasure_void=remeasure)
     out, folder = run(overlay, RecordingTarget(endpoint(server)), tmp_path)
     assert out.verdict == verdict, out.reasons
@@ -383,8 +365,8 @@ def test_a_starved_client_is_not_measured_again_where_client_health_is_ignored(s
                                                                                 monkeypatch):
     """overlays/local (slo.client_health: ignored) reports a starved client and judges the run anyway: no
     second run of the load."""
-    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 1_000.0)
-    runs = starve_the_first_runs(monkeypatch, tmp_path, 1)
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    runs = starve(monkeypatch, tmp_path, {1})
     out, folder = run(overlay, RecordingTarget(endpoint(server)), tmp_path)
     assert out.verdict == "promote", out.reasons
     assert len(runs.read_text().splitlines()) == 1

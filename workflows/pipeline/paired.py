@@ -40,8 +40,9 @@ class PairedLoads:
 
     def __init__(self, server: Callable[[], AbstractContextManager[Baseline | Skipped]], bench_of: BenchOf,
                  candidate: Endpoint, blocks: int, progress: Progress, dump: Callable[[Path, object], None],
-                 run: Path) -> None:
+                 run: Path, client_required: bool = True) -> None:
         self.server, self.bench_of, self.candidate, self.blocks = server, bench_of, candidate, blocks
+        self.client_required = client_required     # slo.client_health: required (a starved block voids its pair)
         self.progress, self.dump, self.run = progress, dump, run
         self.stable: dict[int, BenchReport] = {}   # load index -> the baseline's merged blocks
         self.missing: list[str] = []                # why a load (or all) had no baseline to compare with
@@ -96,8 +97,12 @@ class PairedLoads:
             on = self.candidate if side == "candidate" else baseline.endpoint
             bench = self.bench_of(load, warmup, seed * 100 + k, on, n, dur)
             why = baseline.void_reason(bench) if side == "stable" else None
+            if why is None and self.client_required and bench.client_health.client_bottleneck:
+                # either side: a baseline timed by a starved client looks slower than it is, and every vs_stable
+                # ratio against it would favour the candidate (a false promote)
+                why = "the client was starved: " + ("; ".join(bench.client_health.reasons) or "client_bottleneck")
             if why:
-                self.progress(f"[validate] block {k} on the baseline is void: {why}")
+                self.progress(f"[validate] block {k} on the {'baseline' if side == 'stable' else side} is void: {why}")
                 raise interleave.VoidBlock(why)
             return bench
 
@@ -114,6 +119,19 @@ class PairedLoads:
         self.stable[i] = interleave.combine(self.stable[i], stab) if i in self.stable else stab
         self.dump(self.run / f"stable-bench-{i}-{load.profile}.json", self.stable[i])
         return cand
+
+    def mark(self, i: int) -> tuple[BenchReport | None, int]:
+        """What load #i's baseline holds now, for `undo` after a run of the load that is thrown away."""
+        return self.stable.get(i), len(self.missing)
+
+    def undo(self, i: int, mark: tuple[BenchReport | None, int]) -> None:
+        """Forget a run of load #i (a void one, measured again): its baseline blocks and what it said was missing."""
+        before, missing = mark
+        if before is None:
+            self.stable.pop(i, None)
+        else:
+            self.stable[i] = before
+        del self.missing[missing:]
 
     def benches(self) -> list[BenchReport]:
         return [self.stable[i] for i in sorted(self.stable)]

@@ -207,7 +207,8 @@ class CandidateLoads:
         self.live = vs is not None and vs.measure == "live"
         no_server = lambda: nullcontext(Skipped("validation was given no way to start a baseline"))  # noqa: E731
         self.paired = PairedLoads(baseline_server or no_server, self.bench_of, candidate.endpoint,
-                                  vs.blocks if vs is not None else 1, candidate.progress, _dump, candidate.run)
+                                  vs.blocks if vs is not None else 1, candidate.progress, _dump, candidate.run,
+                                  client_required=candidate.spec.slo.client_health == "required")
         self.benches: list[BenchReport] = []
         # BenchReports once measured live; gate.decide coerces either
         self.stable: Sequence[BenchReport | dict[str, Any]] | None = stable
@@ -257,6 +258,7 @@ class CandidateLoads:
         retries = spec.slo.remeasure_void if spec.slo.client_health == "required" else 0
         voided: list[str] = []
         for attempt in range(retries + 1):
+            mark = self.paired.mark(i)
             bench = self._measure_once(i, load, warmup, seed)
             reasons = bench.client_health.reasons if bench.client_health.client_bottleneck else None
             if reasons is None or attempt == retries:
@@ -264,6 +266,7 @@ class CandidateLoads:
                 return bench
             why = "; ".join(reasons) or "client_health.client_bottleneck"
             voided.append(why)
+            self.paired.undo(i, mark)   # measure: live: the void run's baseline blocks go with it
             _dump(self.candidate.run / f"bench-{i}-{load.profile}.void-{attempt + 1}.json", bench)
             progress(f"[validate] load #{i} {load.profile}: measurement void, the client was starved ({why}); "
                      f"measuring it again ({attempt + 1} of slo.remeasure_void {retries})")
