@@ -276,21 +276,30 @@ def test_foreign_requests_on_the_baseline_void_the_block(faster_stable):
     assert "could not be read" in interleave.foreign_requests(blind)   # unverifiable: fails closed
 
 
+def live_with_a_starved_client(server, faster_stable, user_facing, overlay, tmp_path, monkeypatch, stalled):
+    """Validate a candidate against its live baseline in 2 block pairs with slo.client_health: required, the client
+    stalled in the runs numbered `stalled` (tests/fakes/starved_client.py); (the validation, the runs' count file).
+    The client-lag limit is lifted so that only the injected stall voids a run."""
+    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
+    target, _ = slots(server, faster_stable, user_facing, overlay, tmp_path, {"ttft_p90": 1.5, "blocks": 2})
+    # no warm-up: a warm-up is a run of its own whose client health is not judged, so each block is one run
+    edit(overlay, slo__client_health="required", validation__load=[
+        {"profile": "balanced", "concurrency": 2, "requests": 8, "warmup_requests": 0}])
+    rendered = steps.load_release(str(overlay), None)
+    (tmp_path / "v").mkdir()
+    runs = starve(monkeypatch, tmp_path, stalled)
+    return steps.validate_slot(target, rendered.spec, tmp_path / "v", lambda m: None,
+                               digest=target.candidate.digest), runs
+
+
 @pytest.mark.parametrize("stalled", [1, 2])
 def test_a_block_timed_by_a_starved_client_voids_its_pair_on_either_side(
         server, faster_stable, user_facing, overlay, tmp_path, monkeypatch, stalled):
     """slo.client_health: required. The client stalls in the first or second block of pair 0 (the order is
     seeded random, so either side): that pair is dropped with the reason, pair 1 is compared. A baseline timed
     by a starved client looks slower than it is: kept, every vs_stable ratio against it favours the candidate."""
-    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)   # only the injected stall voids a block
-    target, rendered = slots(server, faster_stable, user_facing, overlay, tmp_path, {"ttft_p90": 1.5, "blocks": 2})
-    # no warm-up: a warm-up is a run of its own whose client health is not judged, so each block is one run
-    edit(overlay, slo__client_health="required", validation__load=[
-        {"profile": "balanced", "concurrency": 2, "requests": 8, "warmup_requests": 0}])
-    rendered = steps.load_release(str(overlay), None)
-    (tmp_path / "v").mkdir()
-    runs = starve(monkeypatch, tmp_path, {stalled})
-    result = steps.validate_slot(target, rendered.spec, tmp_path / "v", lambda m: None, digest=target.candidate.digest)
+    result, runs = live_with_a_starved_client(server, faster_stable, user_facing, overlay, tmp_path, monkeypatch,
+                                              {stalled})
     (stab,) = result.stable_benches
     side = {"C": "candidate", "S": "stable"}[stab.interleaved.order[stalled - 1]]
     # no run of the whole load again: the pair went, not the load (after a void first block, the pair's
@@ -309,15 +318,8 @@ def test_a_load_void_in_every_pair_is_measured_again_without_the_void_runs_basel
     """Every block of the first run of the load is void and so is the candidate's fallback run (AllVoid): the
     load runs again (slo.remeasure_void: 1) and the void run leaves nothing behind: not its baseline blocks, not
     its "every block pair was void" (which would fail vs_stable closed)."""
-    monkeypatch.setattr("validation.loadgen.LAG_P99_LIMIT_MS", 10_000.0)
-    target, rendered = slots(server, faster_stable, user_facing, overlay, tmp_path, {"ttft_p90": 1.5, "blocks": 2})
-    # no warm-up: a warm-up is a run of its own whose client health is not judged, so each block is one run
-    edit(overlay, slo__client_health="required", validation__load=[
-        {"profile": "balanced", "concurrency": 2, "requests": 8, "warmup_requests": 0}])
-    rendered = steps.load_release(str(overlay), None)
-    (tmp_path / "v").mkdir()
-    runs = starve(monkeypatch, tmp_path, {1, 2, 3})
-    result = steps.validate_slot(target, rendered.spec, tmp_path / "v", lambda m: None, digest=target.candidate.digest)
+    result, runs = live_with_a_starved_client(server, faster_stable, user_facing, overlay, tmp_path, monkeypatch,
+                                              {1, 2, 3})
     # each pair's first block void (its second not run), the candidate's fallback run void; then 2 pairs
     assert len(runs.read_text().splitlines()) == 7
     (stab,) = result.stable_benches

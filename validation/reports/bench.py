@@ -90,6 +90,10 @@ class ClientHealth(ReportModel):
     workers: int | None = None
     per_worker: list[ClientHealth] | None = None
 
+    def starved(self) -> str | None:
+        """Why the run is void because its client was starved (its reasons), or None when the client kept up."""
+        return ("; ".join(self.reasons) or "client_health.client_bottleneck") if self.client_bottleneck else None
+
 
 class Histogram(ReportModel):
     """A server histogram's delta over the run window (quantiles interpolated inside buckets)."""

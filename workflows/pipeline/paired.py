@@ -97,10 +97,11 @@ class PairedLoads:
             on = self.candidate if side == "candidate" else baseline.endpoint
             bench = self.bench_of(load, warmup, seed * 100 + k, on, n, dur)
             why = baseline.void_reason(bench) if side == "stable" else None
-            if why is None and self.client_required and bench.client_health.client_bottleneck:
+            starved = bench.client_health.starved() if self.client_required else None
+            if why is None and starved is not None:
                 # either side: a baseline timed by a starved client looks slower than it is, and every vs_stable
                 # ratio against it would favour the candidate (a false promote)
-                why = "the client was starved: " + ("; ".join(bench.client_health.reasons) or "client_bottleneck")
+                why = f"the client was starved: {starved}"
             if why:
                 self.progress(f"[validate] block {k} on the {'baseline' if side == 'stable' else side} is void: {why}")
                 raise interleave.VoidBlock(why)

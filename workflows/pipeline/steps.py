@@ -260,11 +260,10 @@ class CandidateLoads:
         for attempt in range(retries + 1):
             mark = self.paired.mark(i)
             bench = self._measure_once(i, load, warmup, seed)
-            reasons = bench.client_health.reasons if bench.client_health.client_bottleneck else None
-            if reasons is None or attempt == retries:
+            why = bench.client_health.starved()
+            if why is None or attempt == retries:
                 bench.void_attempts = voided + bench.void_attempts
                 return bench
-            why = "; ".join(reasons) or "client_health.client_bottleneck"
             voided.append(why)
             self.paired.undo(i, mark)   # measure: live: the void run's baseline blocks go with it
             _dump(self.candidate.run / f"bench-{i}-{load.profile}.void-{attempt + 1}.json", bench)
