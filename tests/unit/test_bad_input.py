@@ -489,6 +489,10 @@ def test_gate_on_json_that_is_not_a_bench_report(tmp_path_factory, report):
     ("validation: {golden_max_tokens: 1000000}", "validation.golden_max_tokens"),
     ("slo: {decode: {itl_p99_ms: 1.0e+300}}", "slo.decode.itl_p99_ms"),
     ("slo: {vs_stable: {ttft_p90: .nan}}", "slo.vs_stable.ttft_p90"),
+    ("slo: {remeasure_void: -1}", "slo.remeasure_void"),       # a void load rolls back (0) at the least
+    ("slo: {remeasure_void: 100}", "slo.remeasure_void"),      # at most 4 runs more: a starved client stays void
+    ("slo: {remeasure_void: .nan}", "slo.remeasure_void"),
+    ("slo: {remeasure_void: null}", "slo.remeasure_void"),
 ])
 def test_validation_values_beyond_sanity_limits(repo, slo_or_load, field):
     """Limits keep a typo from hanging a release (10**18 requests) or gating on nothing (.nan)."""
