@@ -277,14 +277,26 @@ def test_workflow_mutex_serialises_runs_of_the_same_name(run):
     assert second.seconds >= first.seconds + 0.9   # it waited for the other run's whole duration
 
 
-def test_workflow_mutex_is_per_controller(run):
+def test_workflow_mutex_is_per_controller(run, argo_root):
     """A mutex (no `database: true`) lives in the memory of the controller that runs the workflow
     (workflow/sync/sync_manager.go Manager.initializeMutex -> newInternalMutex): two controllers run
-    two workflows of one mutex name at the same time."""
-    import threading
+    two workflows of one mutex name at the same time.
 
-    s = spec(step("s", "sleep 1"), dag="    - {name: s, template: s}\n")
-    s = WorkflowSpec.model_validate({**s.model_dump(by_alias=True, exclude_none=True),
+    Shown by a rendezvous, not by wall time: each run's step marks that it started, then waits (up to
+    60 s) until both have started. Held by one mutex, the first run would wait for a second that cannot
+    start until it ends, and fail. (It asserted 'each run under 1.9 s' before; a CI run under load took
+    1.97 s for a 1 s step, which says nothing about the mutex.)"""
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    meet = Path(tempfile.mkdtemp(dir=argo_root))   # not /tmp: every pod has its own
+    wait_for_both = (f"mktemp {meet}/started.XXXXXX > /dev/null; i=0; "
+                     f"while [ $(ls {meet} | grep -c started) -lt 2 ]; do "
+                     "i=$((i+1)); [ $i -gt 600 ] && exit 1; sleep 0.1; done")
+    s = spec(step("s", wait_for_both), dag="    - {name: s, template: s}\n")
+    # root: the steps meet on the host (a side channel of the test), in a 0700 folder of root's
+    s = WorkflowSpec.model_validate({**s.model_dump(by_alias=True, exclude_none=True), "securityContext": {"runAsUser": 0},
                                      "synchronization": {"mutexes": [{"name": "m-{{workflow.parameters.mode}}"}]}})
     runs = []
     threads = [threading.Thread(target=lambda c=c: runs.append(run(s, controller=c))) for c in ("one", "two")]
@@ -292,8 +304,9 @@ def test_workflow_mutex_is_per_controller(run):
         t.start()
     for t in threads:
         t.join()
-    assert [r.mutex for r in runs] == ["m-a", "m-a"] and all(r.phase == "Succeeded" for r in runs)
-    assert max(r.seconds for r in runs) < 1.9   # neither waited for the other's whole duration
+    assert [r.mutex for r in runs] == ["m-a", "m-a"]
+    assert all(r.phase == "Succeeded" for r in runs), "\n".join(r.describe() for r in runs)
+    assert len(list(meet.glob("started.*"))) == 2
 
 
 def test_a_deleted_workflow_runs_nothing_more_not_even_its_exit_handler(run, argo_root):
