@@ -25,9 +25,14 @@ BASE = "pd-llm-baseline"
 
 @pytest.fixture
 def overlay(tmp_path):
-    """overlays/local with vs_stable measured live in 2 block pairs; no reference (not under test here)."""
+    """overlays/local with vs_stable measured live in 2 block pairs; no reference (not under test here).
+
+    The ratio limit is wide (20x) on purpose: the subject here is where the baseline runs and that the
+    comparison is made and passes on identical fake engines, not the statistic (tests/unit/test_interleave.py
+    and the judge's own tests pin that). On 4 requests of ~0.1 s TTFT, one 0.4 s stall of a loaded machine
+    made the p90 ratio 5.4x and failed the old 5x limit (CI run 23, 2026-12-07)."""
     def edit(spec):
-        spec["slo"].update(kv_transfer="ignored", vs_stable={"ttft_p90": 5.0, "blocks": 2})
+        spec["slo"].update(kv_transfer="ignored", vs_stable={"ttft_p90": 20.0, "blocks": 2})
         spec["validation"].update(diff=False, reference="none", scenarios=[], known_divergences=None,
                                   load=[{"profile": "balanced", "concurrency": 1, "requests": 4, "warmup_requests": 1,
                                          "ramp_s": 0.0}])
