@@ -247,14 +247,13 @@ def test_the_two_sides_of_a_case_go_together_but_each_engine_holds_one_request_a
     cases = [c for c in matrix.cases() if c.also_stream][:6]
     cand, ref = _Engine(0.1), _Engine(0.1)
     try:
-        started = time.monotonic()
         runner.run(cases, cand.base_url, ref.base_url, MODEL)
-        together = time.monotonic() - started
         assert (cand.peak, ref.peak) == (1, 1)
         assert len(cand.spans) == len(ref.spans) == 2 * len(cases)
         overlapping = sum(1 for a0, a1 in cand.spans for b0, b1 in ref.spans if a0 < b1 and b0 < a1)
         assert overlapping >= 2 * len(cases), overlapping   # each pair was in flight at once
-        assert together < 0.75 * (4 * len(cases) * 0.1), together   # one request at a time would take 2.4 s
+        # No wall-time bound on this run: the spans above show each pair in flight at once, which is the
+        # claim; a bound of 1.8 s on a 1.2 s run would fail on a loaded machine and prove nothing more.
 
         started = time.monotonic()
         runner.run(cases, cand.base_url, cand.base_url, MODEL)
