@@ -116,8 +116,9 @@ def _print_outcome(res: BenchReport) -> None:
     ch = res.client_health
     lag = ch.loop_lag_ms.p99 if ch.loop_lag_ms else None
     cpu = ch.cpu_percent.mean if ch.cpu_percent else None
+    starved = ch.starved()
     print(f"client: loop lag p99 {num(lag, '.1f')} ms, CPU mean {num(cpu, '.0f')}%"
-          + ("  CLIENT BOTTLENECK: " + "; ".join(ch.reasons) if ch.client_bottleneck else ""))
+          + (f"  CLIENT BOTTLENECK: {starved}" if starved is not None else ""))
     ln = res.lengths
     if ln is not None:
         print(f"prompt tokens served/requested {ln.prompt_ratio_mean:.2f}x ({ln.prompts_from})"

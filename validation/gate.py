@@ -218,15 +218,15 @@ def _untimed(out: _Checks, name: str, lab: str, what: str, point: float, limit: 
 
 
 def _client_check(out: _Checks, b: BenchReport, lab: str, slo: SLO) -> None:
-    ch = b.client_health
-    if ch.client_bottleneck and slo.client_health == "ignored":
+    starved = b.client_health.starved()
+    if starved is not None and slo.client_health == "ignored":
         out.add("client_bottleneck", True, f"{lab}: client was starved (not gated: slo.client_health ignored): "
-                + "; ".join(ch.reasons), lab)
-    elif ch.client_bottleneck:
+                + starved, lab)
+    elif starved is not None:
         runs = (f" (every one of its {len(b.void_attempts) + 1} runs void; slo.remeasure_void measured it "
                 f"{len(b.void_attempts)} time(s) more)") if b.void_attempts else ""
         out.add("client_bottleneck", False, f"{lab}: measurement void, client was the bottleneck{runs}: "
-                + "; ".join(ch.reasons), lab)
+                + starved, lab)
     else:
         again = (f" (measured again after {len(b.void_attempts)} void run(s), slo.remeasure_void: "
                  + "; ".join(b.void_attempts) + ")") if b.void_attempts else ""
